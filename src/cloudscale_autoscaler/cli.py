@@ -1,0 +1,98 @@
+"""The `cloudscale-autoscaler` command line. Each subcommand lives in its own module; this file
+only parses arguments and dispatches, importing lazily so `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cloudscale_autoscaler import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cloudscale-autoscaler",
+        description="Kubernetes Cluster Autoscaler externalgrpc cloud provider for cloudscale.ch",
+    )
+    parser.add_argument("--log-format", choices=["plain", "json"], default="plain")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gRPC provider")
+    serve.add_argument("--config", type=Path, required=True, help="YAML config file")
+
+    check = sub.add_parser("check-config", help="validate a config file and summarise it")
+    check.add_argument("--config", type=Path, required=True)
+    check.add_argument(
+        "--online", action="store_true",
+        help="also check flavors, images and zones against the cloud API",
+    )
+
+    sub.add_parser("version", help="print the version")
+
+    emulator = sub.add_parser("emulator", help="run the built-in cloudscale.ch API emulator")
+    emulator.add_argument("--listen", default="127.0.0.1:8087", metavar="HOST:PORT")
+    emulator.add_argument("--token", default=None, help="required Bearer token (default: any)")
+    emulator.add_argument("--seed", type=int, default=0, help="seed for fault injection")
+    emulator.add_argument(
+        "--boot-seconds", type=float, default=5.0, help="time from 'changing' to 'running'"
+    )
+
+    certs = sub.add_parser("certs", help="write development mTLS certificates")
+    certs.add_argument("--out", type=Path, required=True)
+    certs.add_argument("--dns", action="append", default=[], help="extra server DNS SAN")
+    certs.add_argument("--ip", action="append", default=[], help="extra server IP SAN")
+
+    template = sub.add_parser("template", help="print a group's template Node")
+    template.add_argument("--config", type=Path, required=True)
+    template.add_argument("group")
+    template.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+
+    demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
+    demo.add_argument("--once", action="store_true", help="exit after the timeline")
+    demo.add_argument("--certs-dir", type=Path, default=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from cloudscale_autoscaler.logs import setup_logging
+
+    setup_logging(args.log_format, args.log_level)
+    command: str = args.command
+    if command == "version":
+        print(f"cloudscale-autoscaler {__version__}")
+        return 0
+    if command == "serve":
+        from cloudscale_autoscaler.app import serve_command
+
+        return serve_command(args.config)
+    if command == "check-config":
+        from cloudscale_autoscaler.config_loader import check_config_command
+
+        return check_config_command(args.config, online=args.online)
+    if command == "emulator":
+        from cloudscale_autoscaler.cloud.emulator.server import emulator_command
+
+        return emulator_command(args.listen, args.token, args.seed, args.boot_seconds)
+    if command == "certs":
+        from cloudscale_autoscaler.certs import certs_command
+
+        return certs_command(args.out, args.dns, args.ip)
+    if command == "template":
+        from cloudscale_autoscaler.template.render import template_command
+
+        return template_command(args.config, args.group, args.output)
+    if command == "demo":
+        from cloudscale_autoscaler.demo import demo_command
+
+        return demo_command(once=args.once, certs_dir=args.certs_dir)
+    raise AssertionError(f"unhandled command {command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The one small interface the engine depends on. client.CloudscaleClient implements it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cloudscale_autoscaler.cloud.models import Flavor, Image, Region, Server, ServerSpec
+
+
+class Cloud(Protocol):
+    async def list_servers(self, cluster: str) -> list[Server]:
+        """Servers tagged k8s-cluster=<cluster> (filtered server-side, checked client-side)."""
+        ...
+
+    async def create_server(self, spec: ServerSpec) -> Server:
+        """Create one server with spec.tags in the create request. Never leaves a duplicate."""
+        ...
+
+    async def delete_server(self, uuid: str) -> None:
+        """Delete a server; an unknown uuid (404) counts as already gone."""
+        ...
+
+    async def list_flavors(self) -> list[Flavor]:
+        """The flavor catalogue (cached with a TTL by the implementation)."""
+        ...
+
+    async def list_images(self) -> list[Image]: ...
+
+    async def list_regions(self) -> list[Region]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,130 @@
+"""The validated configuration: typed, immutable, and the only shape the rest of the code sees.
+
+`load_config` (in config_loader) turns YAML into these dataclasses or raises ConfigError with
+every problem found, each as `<path>: <reason>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_LISTEN = "0.0.0.0:8086"
+DEFAULT_API_URL = "https://api.cloudscale.ch/v1"
+DEFAULT_GPU_LABEL = "cloudscale.ch/gpu"
+DEFAULT_MAX_PODS = 110
+
+
+class ConfigError(Exception):
+    """Every problem found in a config, each formatted as `<path>: <reason>`."""
+
+    def __init__(self, errors: list[str], source: str = "") -> None:
+        self.errors = errors
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + "invalid config:\n" + "\n".join(f"  {e}" for e in errors))
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+    # Client certificate CNs / DNS SANs allowed to call; empty = any client the CA signed.
+    allowed_clients: tuple[str, ...] = ()
+    insecure: bool = False
+
+
+@dataclass(frozen=True)
+class CloudscaleConfig:
+    url: str = DEFAULT_API_URL
+    # The API token itself; never logged, never part of an error message or repr.
+    token: str = field(default="", repr=False)
+    token_file: Path | None = None
+    timeout_seconds: float = 30.0
+    max_concurrent_creates: int = 10
+    # Client-side rate limit over all API requests; None = unlimited.
+    requests_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    # host:port of the /metrics, /healthz, /readyz endpoint; None = disabled.
+    listen: str | None = None
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    """Kubelet reservations; quantities are canonical Kubernetes strings, as configured.
+
+    eviction_hard values are either a quantity ("100Mi") or a percentage ("10%").
+    When the config gives neither evictionHard nor a configFile with one, the kubelet
+    defaults apply (memory.available 100Mi, nodefs.available 10%, ...).
+    """
+
+    max_pods: int = DEFAULT_MAX_PODS
+    system_reserved: tuple[tuple[str, str], ...] = ()
+    kube_reserved: tuple[tuple[str, str], ...] = ()
+    eviction_hard: tuple[tuple[str, str], ...] | None = None
+
+
+@dataclass(frozen=True)
+class AutoscalingOptions:
+    """Per-group overrides for NodeGroupGetOptions; None = take CA's default from the request."""
+
+    scale_down_utilization_threshold: float | None = None
+    scale_down_gpu_utilization_threshold: float | None = None
+    scale_down_unneeded_seconds: float | None = None
+    scale_down_unready_seconds: float | None = None
+    max_node_provision_seconds: float | None = None
+    max_node_startup_seconds: float | None = None
+    zero_or_max_node_scaling: bool | None = None
+    ignore_daemonsets_utilization: bool | None = None
+    allow_non_atomic_scale_up_to_max: bool | None = None
+
+
+@dataclass(frozen=True)
+class NodeGroupConfig:
+    name: str
+    min_size: int
+    max_size: int
+    flavor: str
+    image: str
+    zone: str | None = None
+    volume_size_gb: int = 10
+    ssh_keys: tuple[str, ...] = ()
+    server_groups: tuple[str, ...] = ()  # server group UUIDs
+    use_public_network: bool = True
+    use_private_network: bool = False
+    use_ipv6: bool = True
+    # The user-data template (file contents already read); placeholders validated at load.
+    user_data: str | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    kubelet: KubeletConfig = KubeletConfig()
+    autoscaling_options: AutoscalingOptions | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: str
+    node_groups: tuple[NodeGroupConfig, ...]
+    listen: str = DEFAULT_LISTEN
+    tls: TLSConfig = TLSConfig()
+    cloudscale: CloudscaleConfig = CloudscaleConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    gpu_label: str = DEFAULT_GPU_LABEL
+
+    def group(self, name: str) -> NodeGroupConfig | None:
+        for group in self.node_groups:
+            if group.name == name:
+                return group
+        return None

@@ -1,0 +1,24 @@
+"""Engine errors. The service layer maps each class to one gRPC status code."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class; the message is shown to CA (and to the user in CA's logs) as is."""
+
+
+class GroupNotFound(EngineError):
+    """No node group with that id is configured (NOT_FOUND)."""
+
+
+class InvalidArgument(EngineError):
+    """The request itself is malformed: a delta of the wrong sign, no nodes (INVALID_ARGUMENT)."""
+
+
+class FailedPrecondition(EngineError):
+    """Valid request the group's state refuses: above max, below min, foreign node
+    (FAILED_PRECONDITION)."""
+
+
+class CloudUnavailable(EngineError):
+    """The cloud API failed the operation (UNAVAILABLE); the message carries the API's text."""

@@ -122,6 +122,8 @@ class Config:
     cloudscale: CloudscaleConfig = CloudscaleConfig()
     metrics: MetricsConfig = MetricsConfig()
     gpu_label: str = DEFAULT_GPU_LABEL
+    # How long a failed creation stays listed as a placeholder instance (placeholderExpiry).
+    placeholder_expiry_seconds: float = 900.0
 
     def group(self, name: str) -> NodeGroupConfig | None:
         for group in self.node_groups:

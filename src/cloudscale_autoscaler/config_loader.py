@@ -1,0 +1,305 @@
+"""YAML config file -> validated `Config`, reporting every problem at once.
+
+`load_config` raises ConfigError whose errors read `<path>: <reason>`, e.g.
+`nodeGroups[1].maxSize: must be >= minSize (3)`. Relative paths in the file resolve against the
+file's own directory. The API token is read here and never appears in an error or repr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cloudscale_autoscaler.config import (
+    DEFAULT_API_URL,
+    DEFAULT_GPU_LABEL,
+    DEFAULT_LISTEN,
+    CloudscaleConfig,
+    Config,
+    ConfigError,
+    MetricsConfig,
+    NodeGroupConfig,
+    TLSConfig,
+)
+from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
+from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
+from cloudscale_autoscaler.configfile.yamlfile import YamlProblem, parse_yaml
+from cloudscale_autoscaler.logs import register_secret
+from cloudscale_autoscaler.validation import (
+    LABEL_NAME_MAX,
+    dns_label_error,
+    http_url_error,
+    parse_go_duration,
+    parse_host_port,
+    qualified_name_error,
+)
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "CLOUDSCALE_API_TOKEN"
+TOP_KEYS = (
+    "cluster",
+    "listen",
+    "tls",
+    "cloudscale",
+    "metrics",
+    "gpuLabel",
+    "placeholderExpiry",
+    "nodeGroups",
+)
+TLS_KEYS = ("cert", "key", "clientCA", "allowedClients", "insecure")
+CLOUDSCALE_KEYS = (
+    "url",
+    "tokenFile",
+    "timeoutSeconds",
+    "maxConcurrentCreates",
+    "requestsPerSecond",
+)
+METRICS_KEYS = ("listen",)
+DEFAULT_PLACEHOLDER_EXPIRY = "15m"
+# Server names are `<cluster>-<group>-<8 random characters>` and must be one host-name label.
+SERVER_NAME_SUFFIX = 8
+NO_TOKEN = f"no API token: set cloudscale.tokenFile or the {TOKEN_ENV} environment variable"
+
+
+def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
+    """Parse and validate the config file at `path`; `env` defaults to os.environ."""
+    environment = os.environ if env is None else env
+    data = _read_document(path)
+    issues = Issues()
+    config = _parse(Fields(issues, "", data, TOP_KEYS), path.absolute().parent, environment)
+    if issues:
+        raise ConfigError(issues.errors, source=str(path))
+    # Defence in depth: mask the token in any log line, whatever path it takes there.
+    register_secret(config.cloudscale.token)
+    return config
+
+
+def check_config_command(path: Path, online: bool) -> int:
+    """`cloudscale-autoscaler check-config`: print a summary or every error (exit 2)."""
+    from cloudscale_autoscaler.configfile.check import run_check
+
+    return run_check(path, online)
+
+
+def _read_document(path: Path) -> dict[Any, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"], str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: cannot read: not UTF-8 text"], str(path)) from None
+    try:
+        data = parse_yaml(text)
+    except YamlProblem as problem:
+        raise ConfigError([f"{path}: {problem}"], str(path)) from None
+    if not isinstance(data, dict):
+        reason = f"expected a mapping of settings at the top level, got {describe(data)}"
+        raise ConfigError([f"{path}: {reason}"], str(path))
+    return data
+
+
+def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
+    cluster = top.string("cluster", required=True)
+    if cluster is not None and not top.issues.check("cluster", dns_label_error(cluster)):
+        cluster = None
+    given_listen = _address(top, "listen")
+    listen = given_listen or DEFAULT_LISTEN
+    # Sections are read in the order a config file usually has them, so errors are too.
+    tls = _tls(top.section("tls", TLS_KEYS), base_dir)
+    cloudscale = _cloudscale(top.section("cloudscale", CLOUDSCALE_KEYS), base_dir, env)
+    # An invalid listen is already reported; comparing metrics.listen with it would only add noise.
+    listen_known = given_listen is not None or not top.present("listen")
+    metrics = _metrics(top.section("metrics", METRICS_KEYS), listen if listen_known else None)
+    gpu_label = top.string("gpuLabel") or DEFAULT_GPU_LABEL
+    top.issues.check(top.at("gpuLabel"), qualified_name_error(gpu_label))
+    placeholder_expiry = _placeholder_expiry(top)
+    return Config(
+        cluster=cluster or "",
+        node_groups=_groups(top, cluster, base_dir),
+        listen=listen,
+        tls=tls,
+        cloudscale=cloudscale,
+        metrics=metrics,
+        gpu_label=gpu_label,
+        placeholder_expiry_seconds=placeholder_expiry,
+    )
+
+
+def _address(fields: Fields, key: str) -> str | None:
+    value = fields.string(key)
+    if value is None:
+        return None
+    try:
+        parse_host_port(value)
+    except ValueError as exc:
+        fields.issues.add(fields.at(key), str(exc))
+        return None
+    return value
+
+
+_WILDCARDS = ("0.0.0.0", "[::]", "::")
+
+
+def _metrics(fields: Fields, listen: str | None) -> MetricsConfig:
+    address = _address(fields, "listen")
+    if address is not None and listen is not None:
+        host, port = parse_host_port(address)
+        main_host, main_port = parse_host_port(listen)
+        overlap = host == main_host or host in _WILDCARDS or main_host in _WILDCARDS
+        if port == main_port and overlap:
+            fields.issues.add(fields.at("listen"), f"conflicts with listen ({listen})")
+    return MetricsConfig(listen=address)
+
+
+def _placeholder_expiry(top: Fields) -> float:
+    raw = top.raw("placeholderExpiry")
+    if raw is None:
+        raw = DEFAULT_PLACEHOLDER_EXPIRY
+    if not isinstance(raw, str):
+        top.issues.add(
+            "placeholderExpiry", f'expected a duration string such as "15m", got {describe(raw)}'
+        )
+        return 900.0
+    try:
+        seconds = parse_go_duration(raw)
+    except ValueError as exc:
+        top.issues.add("placeholderExpiry", str(exc))
+        return 900.0
+    if seconds <= 0:
+        top.issues.add("placeholderExpiry", f'must be > 0, got "{raw}"')
+    return seconds
+
+
+def _tls(fields: Fields, base_dir: Path) -> TLSConfig:
+    insecure = fields.boolean("insecure") or False
+    files: dict[str, Path | None] = {}
+    for key in ("cert", "key", "clientCA"):
+        written = fields.string(key)
+        files[key] = None if written is None else resolve(base_dir, written)
+        if insecure:
+            continue
+        if written is None and not fields.present(key) and fields.valid:
+            fields.issues.add(fields.at(key), "required unless tls.insecure is true")
+        elif (resolved := files[key]) is not None:
+            fields.issues.check(fields.at(key), _readable_file_error(resolved))
+    if insecure and any(files.values()):
+        log.warning("tls.insecure is true: tls.cert, tls.key and tls.clientCA are ignored")
+    return TLSConfig(
+        cert=files["cert"],
+        key=files["key"],
+        client_ca=files["clientCA"],
+        allowed_clients=fields.strings("allowedClients"),
+        insecure=insecure,
+    )
+
+
+def _readable_file_error(path: Path) -> str | None:
+    if not path.is_file():
+        return f"file not found: {path}"
+    if not os.access(path, os.R_OK):
+        return f"file not readable: {path}"
+    return None
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else f"must be > 0, got {value:g}"
+
+
+def _cloudscale(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> CloudscaleConfig:
+    url = fields.string("url") or DEFAULT_API_URL
+    fields.issues.check(fields.at("url"), http_url_error(url))
+    token, token_file = _token(fields, base_dir, env)
+    timeout = fields.number("timeoutSeconds", _positive)
+    creates = fields.integer("maxConcurrentCreates", minimum=1)
+    return CloudscaleConfig(
+        url=url.rstrip("/"),
+        token=token,
+        token_file=token_file,
+        timeout_seconds=30.0 if timeout is None else timeout,
+        max_concurrent_creates=10 if creates is None else creates,
+        requests_per_second=fields.number("requestsPerSecond", _positive),
+    )
+
+
+def _token(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> tuple[str, Path | None]:
+    """The token and the file it came from. Reasons name the file, never its content."""
+    at = fields.at("tokenFile")
+    written = fields.string("tokenFile")
+    if written is None:
+        token = env.get(TOKEN_ENV, "").strip()
+        if not token and not fields.present("tokenFile"):
+            fields.issues.add(at, NO_TOKEN)
+        return token, None
+    path = resolve(base_dir, written)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        fields.issues.add(at, f"cannot read {path}: {exc.strerror or exc}")
+        return "", path
+    except UnicodeDecodeError:
+        fields.issues.add(at, f"cannot read {path}: not UTF-8 text")
+        return "", path
+    if not token:
+        fields.issues.add(at, f"{path} is empty")
+    elif any(ch.isspace() or not ch.isprintable() for ch in token):
+        fields.issues.add(at, f"{path} must contain only the token, on one line")
+    _warn_if_exposed(path)
+    return token, path
+
+
+def _warn_if_exposed(path: Path) -> None:
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        log.warning(
+            "API token file %s is readable by group or others (mode %03o); chmod 600 it",
+            path,
+            mode & 0o777,
+        )
+
+
+def _groups(top: Fields, cluster: str | None, base_dir: Path) -> tuple[NodeGroupConfig, ...]:
+    raw = top.sequence("nodeGroups")
+    if raw is None and not top.present("nodeGroups"):
+        top.issues.add("nodeGroups", "required: at least one node group")
+        return ()
+    if raw is not None and not raw:
+        top.issues.add("nodeGroups", "must contain at least one node group")
+    groups: list[NodeGroupConfig] = []
+    first_index: dict[str, int] = {}
+    for index, entry in enumerate(raw or []):
+        path = item("nodeGroups", index)
+        if not isinstance(entry, dict):
+            top.issues.add(path, f"expected a mapping, got {describe(entry)}")
+            continue
+        fields = Fields(top.issues, path, entry, GROUP_KEYS)
+        group = parse_group(fields, base_dir)
+        groups.append(group)
+        if not group.name:
+            continue
+        if group.name in first_index:
+            top.issues.add(
+                fields.at("name"),
+                f'duplicate of nodeGroups[{first_index[group.name]}].name "{group.name}"',
+            )
+        else:
+            first_index[group.name] = index
+        _check_server_name_length(fields, cluster, group.name)
+    return tuple(groups)
+
+
+def _check_server_name_length(fields: Fields, cluster: str | None, group: str) -> None:
+    if cluster is None or dns_label_error(group) is not None:
+        return
+    length = len(cluster) + len(group) + SERVER_NAME_SUFFIX + 2
+    if length > LABEL_NAME_MAX:
+        fields.issues.add(
+            fields.at("name"),
+            f'server names "{cluster}-{group}-<{SERVER_NAME_SUFFIX} chars>" would be {length} '
+            f"characters, more than the {LABEL_NAME_MAX} a host name label allows; shorten "
+            f"the cluster or group name (together at most "
+            f"{LABEL_NAME_MAX - SERVER_NAME_SUFFIX - 2} characters)",
+        )

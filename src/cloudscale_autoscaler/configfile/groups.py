@@ -1,0 +1,283 @@
+"""The `nodeGroups:` entries: sizes, server settings, labels, taints, tags, user data, options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.config import AutoscalingOptions, NodeGroupConfig, Taint
+from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS, parse_kubelet
+from cloudscale_autoscaler.configfile.reader import (
+    Fields,
+    Issues,
+    child,
+    describe,
+    item,
+    resolve,
+)
+from cloudscale_autoscaler.configfile.yamlfile import FileProblem, read_text
+from cloudscale_autoscaler.validation import (
+    TAINT_EFFECTS,
+    dns_label_error,
+    label_value_error,
+    parse_go_duration,
+    placeholder_errors,
+    qualified_name_error,
+    uuid_error,
+)
+
+GROUP_KEYS = (
+    "name",
+    "minSize",
+    "maxSize",
+    "flavor",
+    "image",
+    "zone",
+    "volumeSizeGB",
+    "sshKeys",
+    "serverGroups",
+    "usePublicNetwork",
+    "usePrivateNetwork",
+    "useIPv6",
+    "userData",
+    "tags",
+    "labels",
+    "taints",
+    "kubelet",
+    "autoscalingOptions",
+)
+OPTION_KEYS = (
+    "scaleDownUtilizationThreshold",
+    "scaleDownGpuUtilizationThreshold",
+    "scaleDownUnneededTime",
+    "scaleDownUnreadyTime",
+    "maxNodeProvisionTime",
+    "maxNodeStartupTime",
+    "zeroOrMaxNodeScaling",
+    "ignoreDaemonSetsUtilization",
+    "allowNonAtomicScaleUpToMax",
+)
+TAINT_KEYS = ("key", "value", "effect")
+RESERVED_TAGS = (TAG_CLUSTER, TAG_GROUP, TAG_REQUEST)
+MIN_VOLUME_GB = 10  # the cloudscale.ch API's minimum root volume
+INT32_MAX = 2**31 - 1  # sizes travel as int32 in the externalgrpc protocol
+
+T = TypeVar("T")
+
+
+def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
+    name = fields.string("name", required=True)
+    if name is not None:
+        fields.issues.check(fields.at("name"), dns_label_error(name))
+    min_size, max_size = _sizes(fields)
+    return NodeGroupConfig(
+        name=name or "",
+        min_size=min_size,
+        max_size=max_size,
+        flavor=fields.string("flavor", required=True) or "",
+        image=fields.string("image", required=True) or "",
+        zone=fields.string("zone"),
+        volume_size_gb=_or(fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB), 10),
+        ssh_keys=fields.strings("sshKeys"),
+        server_groups=_server_groups(fields),
+        use_public_network=_or(fields.boolean("usePublicNetwork"), True),
+        use_private_network=_or(fields.boolean("usePrivateNetwork"), False),
+        use_ipv6=_or(fields.boolean("useIPv6"), True),
+        user_data=_user_data(fields, base_dir),
+        tags=_tags(fields),
+        labels=_labels(fields),
+        taints=_taints(fields),
+        kubelet=parse_kubelet(fields.section("kubelet", BLOCK_KEYS), base_dir),
+        autoscaling_options=_options(fields) if fields.present("autoscalingOptions") else None,
+    )
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _sizes(fields: Fields) -> tuple[int, int]:
+    min_size = fields.integer("minSize", required=True, minimum=0)
+    max_size = fields.integer("maxSize", required=True, minimum=0)
+    if max_size is not None and max_size > INT32_MAX:
+        fields.issues.add(fields.at("maxSize"), f"must be at most {INT32_MAX}, got {max_size}")
+    elif min_size is not None and max_size is not None and max_size < min_size:
+        fields.issues.add(fields.at("maxSize"), f"must be >= minSize ({min_size})")
+    return _or(min_size, 0), _or(max_size, 0)
+
+
+def _server_groups(fields: Fields) -> tuple[str, ...]:
+    uuids = fields.strings("serverGroups")
+    for index, value in enumerate(uuids):
+        fields.issues.check(item(fields.at("serverGroups"), index), uuid_error(value))
+    return uuids
+
+
+def _user_data(fields: Fields, base_dir: Path) -> str | None:
+    raw = fields.raw("userData")
+    if raw is None:
+        return None
+    path = fields.at("userData")
+    where = path
+    if isinstance(raw, str):
+        text = raw
+    elif isinstance(raw, dict):
+        source = Fields(fields.issues, path, raw, ("file",))
+        written = source.string("file", required=True)
+        if written is None:
+            return None
+        try:
+            text = read_text(resolve(base_dir, written))
+        except FileProblem as problem:
+            fields.issues.add(source.at("file"), str(problem))
+            return None
+        where = f"{path}({written})"
+    else:
+        fields.issues.add(path, f"expected a string or {{file: PATH}}, got {describe(raw)}")
+        return None
+    for reason in placeholder_errors(text):
+        fields.issues.add(where, reason)
+    return text
+
+
+def _checked_map(
+    fields: Fields, key: str, check: Callable[[str, str], str | None]
+) -> tuple[tuple[str, str], ...]:
+    """A string map whose entries pass `check(name, value)`, sorted by name."""
+    entries = fields.string_map(key)
+    path = fields.at(key)
+    good = {n: v for n, v in entries.items() if fields.issues.check(child(path, n), check(n, v))}
+    return tuple(sorted(good.items()))
+
+
+def _label_error(name: str, value: str) -> str | None:
+    return qualified_name_error(name) or label_value_error(value)
+
+
+def _tag_error(name: str, _value: str) -> str | None:
+    if name in RESERVED_TAGS:
+        return "reserved: the autoscaler sets this tag itself"
+    return "must not be empty" if not name else None
+
+
+def _labels(fields: Fields) -> tuple[tuple[str, str], ...]:
+    return _checked_map(fields, "labels", _label_error)
+
+
+def _tags(fields: Fields) -> tuple[tuple[str, str], ...]:
+    return _checked_map(fields, "tags", _tag_error)
+
+
+def _taints(fields: Fields) -> tuple[Taint, ...]:
+    taints: list[Taint] = []
+    first_at: dict[tuple[str, str], int] = {}
+    for index, raw in enumerate(fields.sequence("taints") or []):
+        path = item(fields.at("taints"), index)
+        taint = _taint(fields.issues, path, raw)
+        if taint is None:
+            continue
+        # Kubernetes refuses two taints with the same key and effect on one node.
+        identity = (taint.key, taint.effect)
+        if identity in first_at:
+            fields.issues.add(
+                path,
+                f"duplicate of taints[{first_at[identity]}] (same key and effect)",
+            )
+            continue
+        first_at[identity] = index
+        taints.append(taint)
+    return tuple(taints)
+
+
+def parse_taint_string(text: str) -> tuple[str, str, str]:
+    """`key=value:Effect` or `key:Effect` as (key, value, effect); ValueError if neither."""
+    rest, colon, effect = text.rpartition(":")
+    if not colon:
+        raise ValueError(f'invalid taint "{text}": expected key=value:Effect or key:Effect')
+    key, _, value = rest.partition("=")
+    return key, value, effect
+
+
+def _taint(issues: Issues, path: str, raw: Any) -> Taint | None:
+    if isinstance(raw, str):
+        return _taint_from_string(issues, path, raw)
+    if isinstance(raw, dict):
+        return _taint_from_mapping(Fields(issues, path, raw, TAINT_KEYS))
+    issues.add(path, f"expected a mapping or a string key=value:Effect, got {describe(raw)}")
+    return None
+
+
+def _taint_from_string(issues: Issues, path: str, text: str) -> Taint | None:
+    try:
+        key, value, effect = parse_taint_string(text)
+    except ValueError as exc:
+        issues.add(path, str(exc))
+        return None
+    reasons = [qualified_name_error(key), label_value_error(value), _effect_error(effect)]
+    problems = [reason for reason in reasons if reason is not None]
+    for reason in problems:
+        issues.add(path, reason)
+    return None if problems else Taint(key, value, effect)
+
+
+def _taint_from_mapping(fields: Fields) -> Taint | None:
+    key = fields.string("key", required=True)
+    value = fields.string("value", nonempty=False) or ""
+    effect = fields.string("effect", required=True)
+    ok = key is not None and fields.issues.check(fields.at("key"), qualified_name_error(key))
+    ok = fields.issues.check(fields.at("value"), label_value_error(value)) and ok
+    ok = (
+        effect is not None and fields.issues.check(fields.at("effect"), _effect_error(effect))
+    ) and ok
+    if not ok or key is None or effect is None:
+        return None
+    return Taint(key, value, effect)
+
+
+def _effect_error(effect: str) -> str | None:
+    if effect in TAINT_EFFECTS:
+        return None
+    return f'invalid effect "{effect}": expected one of {", ".join(TAINT_EFFECTS)}'
+
+
+def _threshold(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else f"must be between 0 and 1, got {value:g}"
+
+
+def _duration(fields: Fields, key: str) -> float | None:
+    raw = fields.raw(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        fields.issues.add(
+            fields.at(key), f'expected a duration string such as "10m", got {describe(raw)}'
+        )
+        return None
+    try:
+        seconds = parse_go_duration(raw)
+    except ValueError as exc:
+        fields.issues.add(fields.at(key), str(exc))
+        return None
+    if seconds < 0:
+        fields.issues.add(fields.at(key), f'must not be negative, got "{raw}"')
+        return None
+    return seconds
+
+
+def _options(group: Fields) -> AutoscalingOptions:
+    fields = group.section("autoscalingOptions", OPTION_KEYS)
+    return AutoscalingOptions(
+        scale_down_utilization_threshold=fields.number("scaleDownUtilizationThreshold", _threshold),
+        scale_down_gpu_utilization_threshold=fields.number(
+            "scaleDownGpuUtilizationThreshold", _threshold
+        ),
+        scale_down_unneeded_seconds=_duration(fields, "scaleDownUnneededTime"),
+        scale_down_unready_seconds=_duration(fields, "scaleDownUnreadyTime"),
+        max_node_provision_seconds=_duration(fields, "maxNodeProvisionTime"),
+        max_node_startup_seconds=_duration(fields, "maxNodeStartupTime"),
+        zero_or_max_node_scaling=fields.boolean("zeroOrMaxNodeScaling"),
+        ignore_daemonsets_utilization=fields.boolean("ignoreDaemonSetsUtilization"),
+        allow_non_atomic_scale_up_to_max=fields.boolean("allowNonAtomicScaleUpToMax"),
+    )

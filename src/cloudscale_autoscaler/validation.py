@@ -1,0 +1,222 @@
+"""Pure value checks used by the config loader: names, addresses, durations, quantities.
+
+Each `*_error` function returns the reason a value is invalid, or None when it is fine, so the
+loader can prefix the reason with the value's path and keep collecting. Parsers raise
+ValueError with the reason instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Iterable
+from fractions import Fraction
+from urllib.parse import urlsplit
+
+from cloudscale_autoscaler.engine.userdata import PLACEHOLDERS
+from cloudscale_autoscaler.template.quantity import parse_quantity
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# The name part of a qualified name and a label value share one character set.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_HOSTNAME = re.compile(
+    r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
+)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_PERCENT = re.compile(r"(\d+(\.\d+)?|\.\d+)%")
+
+LABEL_NAME_MAX = 63
+SUBDOMAIN_MAX = 253
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+_NAME_CHARSET = "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
+
+
+def dns_label_error(value: str) -> str | None:
+    """RFC 1123 label: what Kubernetes and host names accept for one name segment."""
+    if len(value) > LABEL_NAME_MAX:
+        return f"must be at most {LABEL_NAME_MAX} characters, got {len(value)}"
+    if not _DNS_LABEL.fullmatch(value):
+        return (
+            f'invalid name "{value}": expected a DNS-1123 label (lowercase letters, digits '
+            "and '-', starting and ending with a letter or digit)"
+        )
+    return None
+
+
+def qualified_name_error(value: str) -> str | None:
+    """A Kubernetes label/taint key: `[prefix/]name`, prefix a DNS subdomain."""
+    prefix, slash, name = value.rpartition("/")
+    bad_prefix = not prefix or len(prefix) > SUBDOMAIN_MAX or not _DNS_SUBDOMAIN.fullmatch(prefix)
+    if slash and bad_prefix:
+        return (
+            f'invalid key "{value}": prefix "{prefix}" must be a lowercase DNS subdomain '
+            f"of at most {SUBDOMAIN_MAX} characters"
+        )
+    if not name:
+        return f'invalid key "{value}": the name part must not be empty'
+    if len(name) > LABEL_NAME_MAX:
+        return f'invalid key "{value}": the name part must be at most {LABEL_NAME_MAX} characters'
+    if not _LABEL_NAME.fullmatch(name):
+        return f'invalid key "{value}": the name part must consist of {_NAME_CHARSET}'
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    """A Kubernetes label value (also a taint value): may be empty."""
+    if len(value) > LABEL_NAME_MAX:
+        return f'invalid value "{value}": must be at most {LABEL_NAME_MAX} characters'
+    if value and not _LABEL_NAME.fullmatch(value):
+        return f'invalid value "{value}": must be empty or consist of {_NAME_CHARSET}'
+    return None
+
+
+def uuid_error(value: str) -> str | None:
+    if not _UUID.fullmatch(value):
+        return f'invalid UUID "{value}": expected the form 01234567-89ab-cdef-0123-456789abcdef'
+    return None
+
+
+def http_url_error(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f'invalid URL "{value}": expected an http:// or https:// URL with a host'
+    return None
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """`host:port` with an IPv4 address, a host name or a bracketed IPv6 address as host."""
+    host, colon, port_text = value.rpartition(":")
+    if not colon or not host:
+        raise ValueError(f'invalid address "{value}": expected host:port such as 0.0.0.0:8086')
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f'invalid address "{value}": port must be a number from 1 to 65535')
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(
+                f'invalid address "{value}": "{host}" is not an IPv6 address'
+            ) from None
+    elif not _HOSTNAME.fullmatch(host):
+        raise ValueError(
+            f'invalid address "{value}": host must be an IP address, a host name, '
+            "or an IPv6 address in brackets"
+        )
+    return host, int(port_text)
+
+
+# Go's time.ParseDuration units, in seconds.
+_DURATION_UNITS = {
+    "ns": Fraction(1, 10**9),
+    "us": Fraction(1, 10**6),
+    "µs": Fraction(1, 10**6),  # U+00B5 micro sign
+    "μs": Fraction(1, 10**6),  # U+03BC greek mu
+    "ms": Fraction(1, 10**3),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+}
+_DURATION_SEGMENT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(value: str) -> float:
+    """A Go duration string ("1h30m", "90s", "500ms", "0") as seconds."""
+    text = value.strip()
+    sign = -1 if text.startswith("-") else 1
+    body = text[1:] if text[:1] in "+-" else text
+    if body == "0":
+        return 0.0
+    total = Fraction(0)
+    pos = 0
+    while pos < len(body):
+        match = _DURATION_SEGMENT.match(body, pos)
+        if match is None:
+            break
+        total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not body or pos != len(body):
+        raise ValueError(
+            f'invalid duration "{value}": expected a Go duration such as 90s, 10m or 1h30m'
+        )
+    return float(sign * total)
+
+
+def quantity_error(value: str) -> str | None:
+    try:
+        parse_quantity(value)
+    except ValueError:
+        return f'invalid quantity "{value}": expected a Kubernetes quantity such as 512Mi'
+    return None
+
+
+def nonnegative_quantity_error(value: str) -> str | None:
+    reason = quantity_error(value)
+    if reason is None and parse_quantity(value) < 0:
+        return f'invalid quantity "{value}": must not be negative'
+    return reason
+
+
+def threshold_error(value: str) -> str | None:
+    """An eviction threshold: a non-negative quantity or a percentage from 0% to 100%."""
+    if value.endswith("%"):
+        if not _PERCENT.fullmatch(value):
+            return f'invalid percentage "{value}": expected a number followed by %, such as 10%'
+        if Fraction(value[:-1]) > 100:
+            return f'invalid percentage "{value}": must be between 0% and 100%'
+        return None
+    if quantity_error(value) is not None:
+        return (
+            f'invalid threshold "{value}": expected a quantity such as 100Mi '
+            "or a percentage such as 10%"
+        )
+    return nonnegative_quantity_error(value)
+
+
+def did_you_mean(key: str, allowed: Iterable[str]) -> str | None:
+    """The closest allowed spelling, compared case-insensitively (so minsize finds minSize)."""
+    by_folded = {_fold(name): name for name in allowed}
+    folded = _fold(key)
+    if folded in by_folded:
+        return by_folded[folded]
+    close = difflib.get_close_matches(folded, list(by_folded), n=1)
+    return by_folded[close[0]] if close else None
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def unknown_key_reason(key: str, allowed: Iterable[str]) -> str:
+    names = list(allowed)
+    guess = did_you_mean(key, names)
+    if guess is not None:
+        return f'unknown key; did you mean "{guess}"?'
+    return "unknown key; expected one of: " + ", ".join(names)
+
+
+# `$${` (escape) or `${name}`; a `${` without a `}` on the same line is unterminated. The engine
+# renders with the same grammar (engine/userdata.py); checking here reports every problem, with
+# its line, before any server boots with a half-filled template.
+_PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^}\n]*)(\})?")
+_ALLOWED_PLACEHOLDERS = ", ".join(f"${{{name}}}" for name in sorted(PLACEHOLDERS))
+
+
+def placeholder_errors(text: str) -> list[str]:
+    """Reasons for every placeholder other than the allowed `${name}`s, each naming its line."""
+    reasons: list[str] = []
+    for match in _PLACEHOLDER.finditer(text):
+        if match.group(0) == "$${":
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        name = match.group(1)
+        if match.group(2) is None:
+            reasons.append(f'line {line}: unterminated placeholder "${{{name}": missing "}}"')
+        elif name not in PLACEHOLDERS:
+            reasons.append(
+                f"line {line}: unknown placeholder ${{{name}}}; allowed: {_ALLOWED_PLACEHOLDERS}"
+                " (write $${ for a literal ${)"
+            )
+    return reasons

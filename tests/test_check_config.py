@@ -1,0 +1,325 @@
+"""`cloudscale-autoscaler check-config [--online]`: exit codes and what it prints."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures.emulator import TOKEN as EMULATOR_TOKEN
+from fixtures.emulator import RunningEmulator
+
+from cloudscale_autoscaler.cli import main
+from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
+from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.configfile.check import catalogue_errors
+
+SECRET = "check-config-secret-token-0123456789"
+
+
+def write_config(
+    tmp_path: Path,
+    groups: list[dict[str, Any]] | None = None,
+    url: str = "http://127.0.0.1:8087/v1",
+    token: str = SECRET,
+    **top: Any,
+) -> Path:
+    (tmp_path / "tls").mkdir(exist_ok=True)
+    for name in ("server.crt", "server.key", "ca.crt"):
+        (tmp_path / "tls" / name).write_text("placeholder\n")
+    (tmp_path / "token").write_text(token + "\n")
+    os.chmod(tmp_path / "token", 0o600)
+    doc: dict[str, Any] = {
+        "cluster": "prod",
+        "tls": {"cert": "tls/server.crt", "key": "tls/server.key", "clientCA": "tls/ca.crt"},
+        "cloudscale": {"url": url, "tokenFile": "token"},
+        "nodeGroups": groups
+        or [
+            {
+                "name": "workers",
+                "minSize": 1,
+                "maxSize": 5,
+                "flavor": "flex-8-4",
+                "image": "debian-12",
+                "zone": "lpg1",
+                "volumeSizeGB": 50,
+                "labels": {"role": "worker", "tier": "a"},
+                "taints": ["dedicated=x:NoSchedule"],
+                "autoscalingOptions": {"scaleDownUnneededTime": "5m"},
+            },
+            {"name": "spare", "minSize": 0, "maxSize": 2, "flavor": "flex-4-1", "image": "d"},
+        ],
+        **top,
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_valid_config_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, metrics={"listen": "127.0.0.1:9090"})
+    assert main(["check-config", "--config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    tls = tmp_path / "tls"
+    assert out.splitlines() == [
+        f"{path}: config OK",
+        "cluster:            prod",
+        "listen:             0.0.0.0:8086",
+        f"tls:                mTLS, cert {tls}/server.crt, client CA {tls}/ca.crt, "
+        "allowed clients: any certificate the CA signed",
+        "metrics:            127.0.0.1:9090",
+        "api url:            http://127.0.0.1:8087/v1",
+        f"api token:          from file {tmp_path}/token",
+        "api limits:         timeout 30s, 10 concurrent creates, rate unlimited",
+        "gpu label:          cloudscale.ch/gpu",
+        "placeholder expiry: 900s",
+        "node groups (2):",
+        "  workers: size 1-5, flavor flex-8-4, image debian-12, zone lpg1, volume 50 GB, "
+        "2 labels, 1 taint, options: yes",
+        "  spare: size 0-2, flavor flex-4-1, image d, zone (project default), volume 10 GB, "
+        "0 labels, 0 taints, options: no",
+    ]
+    assert err == ""
+    assert SECRET not in out
+
+
+def test_insecure_and_env_token_in_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_config(tmp_path, tls={"insecure": True})
+    doc = yaml.safe_load(path.read_text())
+    del doc["cloudscale"]["tokenFile"]
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("CLOUDSCALE_API_TOKEN", SECRET)
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tls:                INSECURE: plaintext gRPC, no client authentication" in out
+    assert "api token:          from the CLOUDSCALE_API_TOKEN environment variable" in out
+    assert SECRET not in out
+
+
+def test_invalid_config_prints_every_error_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    groups = [
+        {"name": "a", "minSize": 4, "maxSize": 2, "flavor": "f", "image": "i"},
+        {"name": "a", "minSize": 0, "maxSize": 1, "flavour": "f", "image": "i"},
+    ]
+    path = write_config(tmp_path, groups)
+    assert main(["check-config", "--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"{path}: invalid config (4 errors):",
+        "  nodeGroups[0].maxSize: must be >= minSize (4)",
+        '  nodeGroups[1].flavour: unknown key; did you mean "flavor"?',
+        "  nodeGroups[1].flavor: required",
+        '  nodeGroups[1].name: duplicate of nodeGroups[0].name "a"',
+    ]
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "absent.yaml"
+    assert main(["check-config", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: invalid config (1 error):",
+        f"  {path}: cannot read: No such file or directory",
+    ]
+
+
+# --- the catalogue comparison (pure) ---------------------------------------------------------
+
+FLAVORS = [
+    Flavor("flex-4-1", "Flex-4-1", 1, 4.0, zones=("lpg1", "rma1")),
+    Flavor("gpu-1", "GPU", 16, 128.0, zones=("rma1",)),
+    Flavor("nozones", "No zones listed", 2, 8.0),
+]
+IMAGES = [
+    Image("debian-12", "Debian 12", zones=("lpg1", "rma1")),
+    Image("old", "Old", zones=("rma1",)),
+]
+REGIONS = [Region("lpg", ("lpg1",)), Region("rma", ("rma1",))]
+
+
+def grp(
+    flavor: str = "flex-4-1", image: str = "debian-12", zone: str | None = "lpg1"
+) -> NodeGroupConfig:
+    return NodeGroupConfig("g", 0, 1, flavor, image, zone)
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [
+        (grp(), []),
+        (grp(zone=None), []),
+        (grp(flavor="nozones"), []),
+        (grp(image="custom:my-image"), []),
+        (grp(image="0d0bd2a4-5de3-4bb4-8bde-3c3e5b8fa4f7"), []),
+        (
+            grp(flavor="flex-9-9"),
+            ['nodeGroups[0].flavor: unknown flavor "flex-9-9" (known: flex-4-1, gpu-1, nozones)'],
+        ),
+        (grp(image="arch"), ['nodeGroups[0].image: unknown image "arch" (known: debian-12, old)']),
+        (grp(zone="xyz1"), ['nodeGroups[0].zone: unknown zone "xyz1" (known: lpg1, rma1)']),
+        (
+            grp(flavor="gpu-1", image="old"),
+            [
+                'nodeGroups[0].flavor: flavor "gpu-1" is not available in zone "lpg1" '
+                "(available in: rma1)",
+                'nodeGroups[0].image: image "old" is not available in zone "lpg1" '
+                "(available in: rma1)",
+            ],
+        ),
+    ],
+    ids=[
+        "ok",
+        "no zone",
+        "flavor without zones",
+        "custom image",
+        "image uuid",
+        "flavor",
+        "image",
+        "zone",
+        "not in zone",
+    ],
+)
+def test_catalogue_errors(group: NodeGroupConfig, expected: list[str]) -> None:
+    assert catalogue_errors([group], FLAVORS, IMAGES, REGIONS) == expected
+
+
+# --- --online against the emulator ---------------------------------------------------------
+
+
+async def check_online(path: Path) -> int:
+    """Runs the command in a worker thread: it starts its own event loop with asyncio.run,
+    while this test's loop keeps serving the emulator."""
+    return await asyncio.to_thread(main, ["check-config", "--config", str(path), "--online"])
+
+
+def failure_lines(err: str, url: str) -> list[str]:
+    """The command's own report: from its headline on (the client's retry warnings, logged
+    to stderr before it, are not part of the contract)."""
+    lines = err.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(f"online check against {url}")]
+    assert starts, err
+    return lines[starts[0] :]
+
+
+async def test_online_ok(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    groups = [
+        {
+            "name": "a",
+            "minSize": 0,
+            "maxSize": 1,
+            "flavor": "flex-8-4",
+            "image": "debian-12",
+            "zone": "lpg1",
+        },
+        {
+            "name": "gpu",
+            "minSize": 0,
+            "maxSize": 1,
+            "flavor": "gpu2-128-16-1-200",
+            "image": "custom:my-image",
+            "zone": "rma1",
+        },
+    ]
+    path = write_config(tmp_path, groups, url=emulator.url, token=EMULATOR_TOKEN)
+    assert await check_online(path) == 0
+    out, err = capsys.readouterr()
+    last = out.splitlines()[-1]
+    assert last.startswith(f"online check against {emulator.url}: OK (")
+    assert "zones lpg1, rma1" in last
+    assert err == ""
+
+
+async def test_online_reports_unknown_flavor_image_and_zone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    groups = [
+        {"name": "a", "minSize": 0, "maxSize": 1, "flavor": "flex-9-9", "image": "debian-12"},
+        {
+            "name": "b",
+            "minSize": 0,
+            "maxSize": 1,
+            "flavor": "flex-4-1",
+            "image": "beos",
+            "zone": "zrh9",
+        },
+        {
+            "name": "c",
+            "minSize": 0,
+            "maxSize": 1,
+            "flavor": "gpu2-128-16-1-200",
+            "image": "ubuntu-20.04",
+            "zone": "lpg1",
+        },
+    ]
+    path = write_config(tmp_path, groups, url=emulator.url, token=EMULATOR_TOKEN)
+    assert await check_online(path) == 2
+    err = failure_lines(capsys.readouterr().err, emulator.url)
+    assert err[0] == f"online check against {emulator.url} (5 errors):"
+    assert err[1].startswith('  nodeGroups[0].flavor: unknown flavor "flex-9-9" (known: flex-16-4,')
+    assert err[2].startswith('  nodeGroups[1].image: unknown image "beos" (known: debian-11,')
+    assert err[3:] == [
+        '  nodeGroups[1].zone: unknown zone "zrh9" (known: lpg1, rma1)',
+        '  nodeGroups[2].flavor: flavor "gpu2-128-16-1-200" is not available in zone "lpg1" '
+        "(available in: rma1)",
+        '  nodeGroups[2].image: image "ubuntu-20.04" is not available in zone "lpg1" '
+        "(available in: rma1)",
+    ]
+
+
+async def test_online_rejected_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    path = write_config(tmp_path, url=emulator.url, token=SECRET)
+    assert await check_online(path) == 2
+    out, err = capsys.readouterr()
+    lines = failure_lines(err, emulator.url)
+    assert lines[0] == f"online check against {emulator.url} failed (1 error):"
+    assert lines[1].startswith(
+        f"  cloudscale: the API rejected the token (from file {tmp_path}/token): "
+    )
+    assert SECRET not in out + err
+
+
+async def test_online_api_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    await emulator.admin.set_faults({"down": True})
+    path = write_config(tmp_path, url=emulator.url, token=EMULATOR_TOKEN)
+    assert await check_online(path) == 2
+    lines = failure_lines(capsys.readouterr().err, emulator.url)
+    assert lines[0] == f"online check against {emulator.url} failed (1 error):"
+    assert lines[1].startswith(
+        "  cloudscale.url: the API is unreachable or failing: list_flavors: HTTP 503: "
+    )
+    assert len(lines) == 2
+
+
+async def test_online_nothing_listening(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    url = emulator.url
+    await emulator.stop()  # a port that was just ours, now closed
+    path = write_config(tmp_path, url=url, token=EMULATOR_TOKEN)
+    assert await check_online(path) == 2
+    lines = failure_lines(capsys.readouterr().err, url)
+    assert lines[0] == f"online check against {url} failed (1 error):"
+    assert lines[1].startswith("  cloudscale.url: the API is unreachable or failing: list_flavors")
+
+
+def test_online_invalid_config_never_calls_the_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, [{"name": "x", "minSize": 0}])
+    assert main(["check-config", "--config", str(path), "--online"]) == 2
+    err = capsys.readouterr().err
+    assert "online check" not in err
+    assert "nodeGroups[0].maxSize: required" in err

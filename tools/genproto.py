@@ -5,7 +5,7 @@ Usage: python tools/genproto.py [--out DIR]
 protoc writes imports relative to the proto root ("from k8s.api import ..."); we rewrite them
 to absolute imports inside our package so the generated code never touches sys.path.
 The output is deterministic for a given grpcio-tools version (pinned in pyproject.toml), and
-tests/test_protos_fresh.py regenerates into a temporary directory and compares byte for byte.
+tests/test_protos.py regenerates into a temporary directory and compares byte for byte.
 """
 
 from __future__ import annotations

@@ -1,0 +1,231 @@
+"""Server-side mTLS with certificate reload.
+
+cert-manager renews the server certificate by rewriting the files of the mounted Secret. gRPC
+calls our fetcher before every new TLS handshake (on any thread, grpc.aio included); the fetcher
+stats the three files at most once per `min_interval` seconds and, when one changed and the new
+set is valid, hands gRPC a new certificate configuration. Established connections keep the
+certificate they negotiated (TLS checks validity only during the handshake), so rotation needs
+no restart and drops no RPC. An invalid intermediate state (a key that no longer matches the
+certificate halfway through a non-atomic copy) is logged and skipped: the last good
+configuration stays in use until the files are consistent again.
+
+Client certificates are always required and verified against `clientCA` (a PEM bundle, also
+reloaded). BoringSSL inside gRPC checks the client certificate's extended key usage (a
+serverAuth-only certificate is refused with "unsupported certificate purpose") and gRPC core
+negotiates TLS 1.2 or newer only; tests/test_transport_tls.py pins both behaviours.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_INTERVAL = 1.0
+
+
+class TLSFileError(Exception):
+    """A certificate, key or CA bundle that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TLSMaterial:
+    """A validated server certificate chain, its key and the client CA bundle (all PEM)."""
+
+    cert_chain: bytes
+    key: bytes
+    client_ca: bytes
+    leaf: x509.Certificate
+
+    @property
+    def not_after(self) -> float:
+        """The leaf certificate's notAfter as a Unix timestamp."""
+        return self.leaf.not_valid_after_utc.timestamp()
+
+    def configuration(self) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(self.key, self.cert_chain)], self.client_ca
+        )
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TLSFileError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _certificates(data: bytes, path: Path, what: str) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        certs = []
+    if not certs:
+        raise TLSFileError(f"{what} {path}: expected one or more PEM certificates")
+    return certs
+
+
+def _public_key_der(key: object) -> bytes:
+    public = key.public_key()  # type: ignore[attr-defined]
+    der: bytes = public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
+    """Read and validate the files; raises TLSFileError naming the file at fault."""
+    chain = _read(cert, "tls.cert")
+    key_pem = _read(key, "tls.key")
+    ca_pem = _read(client_ca, "tls.clientCA")
+    leaf = _certificates(chain, cert, "tls.cert")[0]
+    _certificates(ca_pem, client_ca, "tls.clientCA")
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise TLSFileError(
+            f"tls.key {key}: expected an unencrypted PEM private key ({exc})"
+        ) from None
+    if _public_key_der(private) != _public_key_der(leaf):
+        raise TLSFileError(
+            f"tls.key {key}: does not match the certificate in tls.cert {cert} "
+            "(a key and certificate from different pairs)"
+        )
+    return TLSMaterial(chain, key_pem, ca_pem, leaf)
+
+
+def _signature(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int, int], ...] | None:
+    """What changes when a file is rewritten or a Secret's symlink is swapped; None if missing."""
+    try:
+        stats = [os.stat(p) for p in paths]
+    except OSError:
+        return None
+    return tuple((s.st_dev, s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
+
+
+class ReloadingCredentials:
+    """Owns the server's TLS files and gives gRPC dynamic credentials that follow them."""
+
+    def __init__(
+        self,
+        cert: Path,
+        key: Path,
+        client_ca: Path,
+        *,
+        min_interval: float = DEFAULT_MIN_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._paths = (cert, key, client_ca)
+        self._min_interval = min_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen = _signature(self._paths)
+        self._failed: object = None  # signature of the last unusable state, logged once
+        self._material = load_material(cert, key, client_ca)
+        self._checked_at = clock()
+        self._version = 0
+        self._handed_out = 0
+        self._warn_if_not_current(self._material)
+
+    @property
+    def material(self) -> TLSMaterial:
+        """The newest valid material (what the next handshake will present)."""
+        return self._material
+
+    def not_after(self) -> float:
+        """notAfter (Unix time) of the certificate new connections get; rechecks the files."""
+        self.refresh()
+        return self._material.not_after
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(
+            self._material.configuration(),
+            self._fetch,  # type: ignore[arg-type]  # None means "keep the current one"
+            require_client_authentication=True,
+        )
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Reload if the files changed (at most once per min_interval unless forced).
+
+        Returns True when new material was loaded. Never raises: a bad state is logged and the
+        previous material stays in use.
+        """
+        now = self._clock()
+        if not force and now - self._checked_at < self._min_interval:
+            return False
+        # Handshakes may call in concurrently; one check at a time is enough.
+        if not self._lock.acquire(blocking=force):
+            return False
+        try:
+            self._checked_at = now
+            return self._reload_if_changed()
+        finally:
+            self._lock.release()
+
+    def _reload_if_changed(self) -> bool:
+        signature = _signature(self._paths)
+        if signature is None or signature == self._seen:
+            return False
+        try:
+            material = load_material(*self._paths)
+        except TLSFileError as exc:
+            if signature != self._failed:
+                self._failed = signature
+                log.warning("TLS files changed but are not usable; keeping the previous: %s", exc)
+            return False
+        self._seen = signature
+        current = self._material
+        if (material.cert_chain, material.key, material.client_ca) == (
+            current.cert_chain,
+            current.key,
+            current.client_ca,
+        ):
+            return False
+        self._material = material
+        self._version += 1
+        self._warn_if_not_current(material)
+        log.info(
+            "loaded new TLS certificate",
+            extra={"serial": f"{material.leaf.serial_number:x}", "not_after": _iso(material)},
+        )
+        return True
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC's per-handshake callback: a configuration once after each change, else None."""
+        try:
+            self.refresh()
+            with self._lock:
+                if self._handed_out == self._version:
+                    return None
+                self._handed_out = self._version
+                return self._material.configuration()
+        except Exception:  # an exception here would fail the handshake, not just this check
+            log.exception("TLS certificate reload check failed; keeping the current certificate")
+            return None
+
+    @staticmethod
+    def _warn_if_not_current(material: TLSMaterial) -> None:
+        now = time.time()
+        leaf = material.leaf
+        if leaf.not_valid_before_utc.timestamp() > now or material.not_after < now:
+            log.warning(
+                "the server certificate is outside its validity window; clients will refuse it",
+                extra={
+                    "not_before": leaf.not_valid_before_utc.isoformat(),
+                    "not_after": _iso(material),
+                },
+            )
+
+
+def _iso(material: TLSMaterial) -> str:
+    return material.leaf.not_valid_after_utc.isoformat()

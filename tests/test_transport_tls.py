@@ -1,0 +1,306 @@
+"""mTLS on the real gRPC server: who gets in, certificate reload, TLS version floor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from fixtures.tls import (
+    PKI,
+    CertFiles,
+    address,
+    client_ssl_context,
+    grpc_channel,
+    make_config,
+    other_ca,
+    serving,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cloudscale_autoscaler.certs import Validity
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.transport.interceptors import AllowedClientsInterceptor
+from cloudscale_autoscaler.transport.tls import ReloadingCredentials, TLSFileError, load_material
+
+TIMEOUT = 10.0
+
+
+async def node_groups(channel: grpc.aio.Channel) -> pb.NodeGroupsResponse:
+    return await pb_grpc.CloudProviderStub(channel).NodeGroups(
+        pb.NodeGroupsRequest(), timeout=TIMEOUT
+    )
+
+
+async def test_valid_client_calls_node_groups_and_cleanup(pki: PKI) -> None:
+    config = make_config(pki)
+    async with serving(config) as running, grpc_channel(pki, address(running)) as channel:
+        groups = await node_groups(channel)
+        await pb_grpc.CloudProviderStub(channel).Cleanup(pb.CleanupRequest(), timeout=TIMEOUT)
+    assert [(g.id, g.minSize, g.maxSize) for g in groups.nodeGroups] == [
+        ("workers", 1, 7),
+        ("gpu", 0, 3),
+    ]
+
+
+def _no_cert(pki: PKI) -> CertFiles | None:
+    return None
+
+
+def _other_ca(pki: PKI) -> CertFiles | None:
+    return pki.client(ca=other_ca())
+
+
+def _expired(pki: PKI) -> CertFiles | None:
+    return pki.client(validity=Validity.expired())
+
+
+def _not_yet_valid(pki: PKI) -> CertFiles | None:
+    return pki.client(validity=Validity.not_yet_valid())
+
+
+def _server_cert_as_client(pki: PKI) -> CertFiles | None:
+    # Signed by the right CA, but its extended key usage is serverAuth only.
+    return pki.server()
+
+
+@pytest.mark.parametrize(
+    "make_client",
+    [_no_cert, _other_ca, _expired, _not_yet_valid, _server_cert_as_client],
+    ids=["no-client-cert", "other-ca", "expired", "not-yet-valid", "server-cert-as-client"],
+)
+async def test_handshake_refuses_bad_client_certificates(pki: PKI, make_client: object) -> None:
+    client = make_client(pki)  # type: ignore[operator]
+    async with serving(make_config(pki)) as running:
+        bad = grpc_channel(
+            pki, address(running), client=client, with_client_cert=client is not None
+        )
+        async with bad:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await node_groups(bad)
+        # Control: the same server admits the legitimate client.
+        async with grpc_channel(pki, address(running)) as good:
+            assert len((await node_groups(good)).nodeGroups) == 2
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_allowed_clients_by_cn_or_dns_san(pki: PKI) -> None:
+    config = make_config(pki, allowed_clients=["cluster-autoscaler"])
+    intruder = pki.client("intruder")
+    san_only = pki.client("renamed", dns=["renamed", "cluster-autoscaler"])
+    async with serving(config) as running:
+        target = address(running)
+        async with grpc_channel(pki, target) as channel:
+            assert len((await node_groups(channel)).nodeGroups) == 2
+        async with grpc_channel(pki, target, client=san_only) as channel:
+            assert len((await node_groups(channel)).nodeGroups) == 2
+        async with grpc_channel(pki, target, client=intruder) as channel:
+            for _ in range(2):  # the second answer comes from the decision cache
+                with pytest.raises(grpc.aio.AioRpcError) as denied:
+                    await node_groups(channel)
+                assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "'intruder'" in (denied.value.details() or "")
+            # Health stays open to any client the CA vouches for (monitoring).
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=TIMEOUT)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize(
+    ("auth", "allowed"),
+    [
+        ({"x509_common_name": [b"cluster-autoscaler"]}, True),
+        ({"x509_common_name": [b"Cluster-Autoscaler"]}, True),
+        ({"x509_common_name": [b"x"], "peer_dns": [b"a", b"cluster-autoscaler"]}, True),
+        ({"peer_dns": [b"ops"]}, True),
+        ({"x509_common_name": [b"x"], "peer_dns": [b"y"]}, False),
+        ({"x509_common_name": [b"cluster-autoscaler.evil"]}, False),
+        ({}, False),
+    ],
+)
+def test_allowed_clients_decision(auth: dict[str, list[bytes]], allowed: bool) -> None:
+    check = AllowedClientsInterceptor(["cluster-autoscaler", "ops"], services=["svc"])
+    decision = check.decide(auth)
+    assert (decision is None) == allowed
+    assert check.decide(auth) == decision  # cached answer is the same
+
+
+def test_allowed_clients_denial_names_the_client() -> None:
+    check = AllowedClientsInterceptor(["cluster-autoscaler"], services=["svc"])
+    message = check.decide({"x509_common_name": [b"mallory"], "peer_dns": [b"m.example"]})
+    assert message is not None
+    assert "'mallory'" in message and "m.example" in message
+    # The allowed names are not revealed to the refused client.
+    assert "cluster-autoscaler" not in message
+
+
+def _handshake(port: int, context: ssl.SSLContext) -> tuple[str | None, bytes]:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        return tls.version(), tls.getpeercert(binary_form=True) or b""
+
+
+def _served_serial(port: int, pki: PKI) -> int:
+    _, der = _handshake(port, client_ssl_context(pki))
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def _tls11_client(pki: PKI) -> ssl.SSLContext:
+    context = client_ssl_context(pki, maximum_version=ssl.TLSVersion.TLSv1_1)
+    context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")  # let our OpenSSL offer TLS 1.1 at all
+    return context
+
+
+def _serve_one_tls11_handshake(pki: PKI, listener: socket.socket) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    context.load_cert_chain(str(pki.server_cert), str(pki.server_key))
+    conn, _ = listener.accept()
+    with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+async def test_tls_1_1_refused_tls_1_2_accepted(pki: PKI) -> None:
+    # Control: this client really can speak TLS 1.1 (to a server that allows it).
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        peer = asyncio.to_thread(_serve_one_tls11_handshake, pki, listener)
+        port = listener.getsockname()[1]
+        version, _ = (
+            await asyncio.gather(asyncio.to_thread(_handshake, port, _tls11_client(pki)), peer)
+        )[0]
+    assert version == "TLSv1.1"
+    tls12 = client_ssl_context(pki, maximum_version=ssl.TLSVersion.TLSv1_2)
+    async with serving(make_config(pki)) as running:
+        with pytest.raises((ssl.SSLError, ConnectionResetError)):
+            await asyncio.to_thread(_handshake, running.port, _tls11_client(pki))
+        version, _ = await asyncio.to_thread(_handshake, running.port, tls12)
+    assert version == "TLSv1.2"
+
+
+def _replace(target: Path, source: Path) -> None:
+    # Like a Secret volume update: the new file appears under the old name in one step.
+    tmp = target.with_suffix(".tmp")
+    tmp.write_bytes(source.read_bytes())
+    tmp.replace(target)
+
+
+async def test_rotated_server_certificate_is_served_without_restart(pki: PKI) -> None:
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes()).serial_number
+    rotated = pki.server()
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == first
+        _replace(pki.server_key, rotated.key)
+        _replace(pki.server_cert, rotated.cert)
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == (
+            rotated.issued.cert.serial_number
+        )
+        # gRPC clients connecting now are served by the new certificate too.
+        async with grpc_channel(pki, address(running)) as channel:
+            assert len((await node_groups(channel)).nodeGroups) == 2
+        assert running.cert_not_after() == rotated.issued.cert.not_valid_after_utc.timestamp()
+
+
+async def test_half_rotated_files_keep_the_previous_certificate(pki: PKI) -> None:
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes()).serial_number
+    rotated = pki.server()
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        _replace(pki.server_cert, rotated.cert)  # the key is still the old one: a mismatch
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == first
+        _replace(pki.server_key, rotated.key)
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == (
+            rotated.issued.cert.serial_number
+        )
+
+
+async def test_rotated_client_ca_applies_to_new_connections(pki: PKI) -> None:
+    new_ca = other_ca("rotated client CA")
+    new_client = pki.client(ca=new_ca)
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        target = address(running)
+        async with grpc_channel(pki, target, client=new_client) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as before:
+                await node_groups(channel)
+        assert before.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The bundle keeps the old CA too: our test clients also verify the server with it.
+        pki.ca_cert.write_bytes(pki.ca.cert_pem() + new_ca.cert_pem())
+        async with grpc_channel(pki, target, client=new_client) as channel:
+            assert len((await node_groups(channel)).nodeGroups) == 2
+
+
+def test_reload_checks_files_at_most_once_per_interval(pki: PKI) -> None:
+    now = [1000.0]
+    creds = ReloadingCredentials(
+        pki.server_cert, pki.server_key, pki.ca_cert, min_interval=1.0, clock=lambda: now[0]
+    )
+    rotated = pki.server()
+    _replace(pki.server_key, rotated.key)
+    _replace(pki.server_cert, rotated.cert)
+    now[0] += 0.5
+    assert creds.refresh() is False  # too soon: files not even looked at
+    assert creds.material.leaf.serial_number != rotated.issued.cert.serial_number
+    now[0] += 0.6
+    assert creds.refresh() is True
+    assert creds.material.leaf.serial_number == rotated.issued.cert.serial_number
+    now[0] += 5
+    assert creds.refresh() is False  # unchanged files: nothing new
+
+
+def test_reload_ignores_a_touch_without_content_change(pki: PKI) -> None:
+    creds = ReloadingCredentials(pki.server_cert, pki.server_key, pki.ca_cert, min_interval=0)
+    _replace(pki.server_cert, pki.server_cert)  # new inode, same bytes
+    assert creds.refresh(force=True) is False
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("broken", "expect"),
+    [
+        ("missing-cert", "tls.cert"),
+        ("garbage-cert", "tls.cert"),
+        ("garbage-key", "tls.key"),
+        ("encrypted-key", "tls.key"),
+        ("mismatched-key", "does not match"),
+        ("empty-ca", "tls.clientCA"),
+    ],
+)
+def test_bad_tls_files_are_named(pki: PKI, broken: str, expect: str) -> None:
+    cert, key, ca = pki.server_cert, pki.server_key, pki.ca_cert
+    bad: Path
+    if broken == "missing-cert":
+        cert = bad = pki.dir / "absent.crt"
+    elif broken == "garbage-cert":
+        cert = bad = _write(pki.dir / "garbage.crt", b"not a certificate")
+    elif broken == "garbage-key":
+        key = bad = _write(pki.dir / "garbage.key", b"-----BEGIN PRIVATE KEY-----\nxx\n")
+    elif broken == "encrypted-key":
+        from cryptography.hazmat.primitives import serialization
+
+        encrypted = pki.ca.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+        key = bad = _write(pki.dir / "encrypted.key", encrypted)
+    elif broken == "mismatched-key":
+        key = bad = pki.client_key
+    else:
+        ca = bad = _write(pki.dir / "empty-ca.crt", b"")
+    with pytest.raises(TLSFileError) as error:
+        load_material(cert, key, ca)
+    assert str(bad) in str(error.value)
+    assert expect in str(error.value)

@@ -1,0 +1,513 @@
+"""The cloudscale.ch REST API client: the `Cloud` protocol on one pooled httpx.AsyncClient.
+
+Reliability rules, in short:
+- GET and DELETE are idempotent: retried with full-jitter exponential backoff on 429 (with
+  Retry-After as a floor), 500/502/503/504, connection errors and timeouts.
+- A create is never blindly re-sent. It is retried at once only when the API provably never
+  processed it (429, or no connection was ever made); after any other failure (timeout, lost
+  response, 5xx from a proxy) we first list servers by the create's unique request tag and
+  return the server if it exists; only a listing that proves absence allows a re-send.
+- Every HTTP attempt passes the optional client-side token bucket; creates and deletes also
+  hold a slot of a global concurrency bound for their whole duration.
+- The token only ever lives in the Authorization header; error texts are redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import replace
+from enum import Enum
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from cloudscale_autoscaler import __version__
+from cloudscale_autoscaler.cloud.errors import CloudError, NotFoundError, UnavailableError
+from cloudscale_autoscaler.cloud.httperrors import error_from_response, redact
+from cloudscale_autoscaler.cloud.models import (
+    TAG_CLUSTER,
+    TAG_REQUEST,
+    Flavor,
+    Image,
+    Region,
+    Server,
+    ServerSpec,
+)
+from cloudscale_autoscaler.cloud.parse import (
+    decode,
+    parse_flavors,
+    parse_images,
+    parse_regions,
+    parse_server,
+    parse_servers,
+)
+from cloudscale_autoscaler.cloud.ratelimit import (
+    ConcurrencyLimit,
+    TokenBucket,
+    backoff_delay,
+    parse_retry_after,
+)
+from cloudscale_autoscaler.config import CloudscaleConfig
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT = f"cloudscale-autoscaler/{__version__}"
+RequestObserver = Callable[[str, str, float], None]
+T = TypeVar("T")
+
+# Statuses worth another try for idempotent calls (a 500 may be a transient backend error).
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+# No retry delay (backoff or Retry-After) ever exceeds this; adjustable per client instance.
+MAX_DELAY_SECONDS = 30.0
+# The lookup that resolves an uncertain create shows up under this operation name.
+LOOKUP_OPERATION = "create_server_lookup"
+# Raised before any byte of the request left: re-sending cannot duplicate anything.
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class _Outcome(Enum):
+    REFUSED = "refused"  # the API provably did not act on it: safe to re-send
+    UNSURE = "unsure"  # it may have been processed: look before re-sending
+    FINAL = "final"  # a definitive answer: do not retry
+
+
+def _transport_error(exc: Exception, operation: str, secrets: tuple[str, ...]) -> CloudError:
+    detail = redact(str(exc), secrets)
+    what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return UnavailableError(f"no response ({what})", None, operation)
+
+
+def _check_options(
+    url: str,
+    token: str,
+    timeout_seconds: float,
+    max_concurrent_mutations: int,
+    requests_per_second: float | None,
+    flavor_ttl_seconds: float,
+    max_retries: int,
+    backoff_base: float,
+) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url: expected http(s)://host[:port]/v1, got {url!r}")
+    # Never echo the token, only say what is wrong with it.
+    if any(not ch.isprintable() or ch.isspace() or ord(ch) > 126 for ch in token):
+        raise ValueError("token: contains whitespace or non-ASCII characters (value not shown)")
+    checks: list[tuple[str, float | None, bool, str]] = [
+        ("timeout_seconds", timeout_seconds, timeout_seconds > 0, "> 0"),
+        ("max_concurrent_mutations", max_concurrent_mutations, max_concurrent_mutations > 0, "> 0"),
+        (
+            "requests_per_second",
+            requests_per_second,
+            requests_per_second is None or requests_per_second > 0,
+            "> 0 or None",
+        ),
+        ("flavor_ttl_seconds", flavor_ttl_seconds, flavor_ttl_seconds >= 0, ">= 0"),
+        ("max_retries", max_retries, max_retries >= 0, ">= 0"),
+        ("backoff_base", backoff_base, backoff_base >= 0, ">= 0"),
+    ]
+    for name, value, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"{name}: expected {expected}, got {value!r}")
+
+
+class CloudscaleClient:
+    """Implements cloud.protocol.Cloud against the cloudscale.ch API (or the emulator)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_seconds: float = 30.0,
+        max_concurrent_mutations: int = 10,
+        requests_per_second: float | None = None,
+        flavor_ttl_seconds: float = 300.0,
+        max_retries: int = 5,
+        backoff_base: float = 0.2,
+        on_request: RequestObserver | None = None,
+    ) -> None:
+        _check_options(
+            url,
+            token,
+            timeout_seconds,
+            max_concurrent_mutations,
+            requests_per_second,
+            flavor_ttl_seconds,
+            max_retries,
+            backoff_base,
+        )
+        self.url = url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.max_delay_seconds = MAX_DELAY_SECONDS
+        self.flavor_ttl_seconds = flavor_ttl_seconds
+        # Retries per operation name; a resolved lost create response also counts under
+        # "create_server_recovered".
+        self.retries: dict[str, int] = {}
+        self._on_request = on_request
+        self._secrets = (token,) if token else ()
+        self._rng = random.Random()
+        self.rate_limiter = TokenBucket(requests_per_second) if requests_per_second else None
+        self.mutations = ConcurrencyLimit(max_concurrent_mutations)
+        self._flavors: list[Flavor] | None = None
+        self._flavors_expire = 0.0
+        self._flavor_fetch: asyncio.Task[list[Flavor]] | None = None
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        # Reads are not bounded by the mutation limit, so leave them room in the pool too.
+        pool = max_concurrent_mutations + 20
+        self._http = httpx.AsyncClient(
+            base_url=self.url + "/",
+            headers=headers,
+            timeout=httpx.Timeout(timeout_seconds),
+            limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+            follow_redirects=False,
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: CloudscaleConfig, *, on_request: RequestObserver | None = None
+    ) -> CloudscaleClient:
+        token = config.token
+        if not token and config.token_file is not None:
+            token = config.token_file.read_text(encoding="utf-8").strip()
+        return cls(
+            config.url,
+            token,
+            timeout_seconds=config.timeout_seconds,
+            max_concurrent_mutations=config.max_concurrent_creates,
+            requests_per_second=config.requests_per_second,
+            on_request=on_request,
+        )
+
+    def __repr__(self) -> str:
+        return f"CloudscaleClient(url={self.url!r})"
+
+    async def __aenter__(self) -> CloudscaleClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._flavor_fetch is not None:
+            self._flavor_fetch.cancel()
+        await self._http.aclose()
+
+    # ---- the Cloud protocol -------------------------------------------------------------
+
+    async def list_servers(self, cluster: str) -> list[Server]:
+        if not cluster:
+            raise ValueError("cluster: expected a non-empty cluster name")
+        operation = "list_servers"
+        response = await self._call(
+            operation, "GET", "servers", params={f"tag:{TAG_CLUSTER}": cluster}
+        )
+        servers = self._decode(response, operation, parse_servers)
+        # The server-side filter is trusted for volume, not for correctness.
+        mine = [server for server in servers if server.tags.get(TAG_CLUSTER) == cluster]
+        if len(mine) != len(servers):
+            logger.warning(
+                "cloudscale API returned %d servers not tagged %s=%s despite the tag filter;"
+                " ignored them",
+                len(servers) - len(mine),
+                TAG_CLUSTER,
+                cluster,
+            )
+        return mine
+
+    async def create_server(self, spec: ServerSpec) -> Server:
+        body = self._create_body(spec)
+        async with self.mutations:
+            return await self._create(body)
+
+    async def delete_server(self, uuid: str) -> None:
+        if not uuid:
+            raise ValueError("uuid: expected a server UUID, got an empty string")
+        async with self.mutations:
+            try:
+                await self._call(
+                    "delete_server", "DELETE", f"servers/{quote(uuid, safe='')}", ok=(204, 200)
+                )
+            except NotFoundError:
+                # Already gone (possibly deleted by our own earlier, lost-response attempt).
+                logger.info("server %s was already deleted", uuid)
+
+    async def list_flavors(self) -> list[Flavor]:
+        if self._flavors is not None and time.monotonic() < self._flavors_expire:
+            return list(self._flavors)
+        # Concurrent callers share one request instead of stampeding the API.
+        if self._flavor_fetch is None:
+            self._flavor_fetch = asyncio.create_task(self._fetch_flavors())
+            self._flavor_fetch.add_done_callback(self._flavor_fetch_done)
+        # Shielded: one caller being cancelled must not cancel everyone else's fetch.
+        return list(await asyncio.shield(self._flavor_fetch))
+
+    async def list_images(self) -> list[Image]:
+        response = await self._call("list_images", "GET", "images")
+        return self._decode(response, "list_images", parse_images)
+
+    async def list_regions(self) -> list[Region]:
+        response = await self._call("list_regions", "GET", "regions")
+        return self._decode(response, "list_regions", parse_regions)
+
+    # ---- flavors cache ----------------------------------------------------------------------
+
+    async def _fetch_flavors(self) -> list[Flavor]:
+        response = await self._call("list_flavors", "GET", "flavors")
+        flavors = self._decode(response, "list_flavors", parse_flavors)
+        self._flavors = flavors
+        self._flavors_expire = time.monotonic() + self.flavor_ttl_seconds
+        return flavors
+
+    def _flavor_fetch_done(self, task: asyncio.Task[list[Flavor]]) -> None:
+        self._flavor_fetch = None
+        if not task.cancelled():
+            # Marks the exception retrieved even when every waiter was cancelled.
+            task.exception()
+
+    # ---- create ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _create_body(spec: ServerSpec) -> dict[str, Any]:
+        tags = dict(spec.tags)
+        # A caller-chosen request id is kept so the caller can search for it later.
+        if not tags.get(TAG_REQUEST):
+            tags[TAG_REQUEST] = uuidlib.uuid4().hex
+        body: dict[str, Any] = {
+            "name": spec.name,
+            "flavor": spec.flavor,
+            "image": spec.image,
+            "volume_size_gb": spec.volume_size_gb,
+            "use_public_network": spec.use_public_network,
+            "use_private_network": spec.use_private_network,
+            "use_ipv6": spec.use_ipv6,
+            "tags": tags,
+        }
+        # Optional fields are omitted rather than sent empty/null (the API rejects a null
+        # ssh_keys; omitting means "none", as cloudscale's own SDKs do).
+        if spec.zone:
+            body["zone"] = spec.zone
+        if spec.ssh_keys:
+            body["ssh_keys"] = list(spec.ssh_keys)
+        if spec.server_groups:
+            body["server_groups"] = list(spec.server_groups)
+        if spec.user_data is not None:
+            body["user_data"] = spec.user_data
+        return body
+
+    async def _create(self, body: dict[str, Any]) -> Server:
+        operation = "create_server"
+        request_id: str = body["tags"][TAG_REQUEST]
+        unsure = False  # an earlier attempt may have created the server
+        retry = 0
+        while True:
+            if unsure:
+                found = await self._lookup_created(request_id)
+                if isinstance(found, Server):
+                    return self._recovered(found, body)
+                if found is None:
+                    unsure = False  # proven absent: re-sending cannot duplicate
+            retry_after: float | None = None
+            if not unsure:
+                result = await self._send_create(body)
+                if isinstance(result, Server):
+                    return result
+                error, outcome, retry_after = result
+                if outcome is _Outcome.FINAL:
+                    raise error
+                unsure = outcome is _Outcome.UNSURE
+            if retry >= self.max_retries:
+                if unsure:
+                    # Out of retries, but one last look can still turn a lost response
+                    # into a success, or prove nothing was created.
+                    found = await self._lookup_created(request_id)
+                    if isinstance(found, Server):
+                        return self._recovered(found, body)
+                    if found is not None:
+                        raise self._outcome_unknown(body, error)
+                raise error
+            retry += 1
+            await self._pause(operation, retry, error, retry_after)
+
+    async def _send_create(
+        self, body: dict[str, Any]
+    ) -> Server | tuple[CloudError, _Outcome, float | None]:
+        operation = "create_server"
+        try:
+            response = await self._attempt(operation, "POST", "servers", json_body=body)
+        except _NEVER_SENT as exc:
+            return _transport_error(exc, operation, self._secrets), _Outcome.REFUSED, None
+        except httpx.RequestError as exc:
+            return _transport_error(exc, operation, self._secrets), _Outcome.UNSURE, None
+        status = response.status_code
+        if status in (200, 201):
+            try:
+                server = self._decode(response, operation, parse_server)
+            except CloudError as exc:
+                # Created, but unreadable: the lookup by request tag can still find it.
+                return exc, _Outcome.UNSURE, None
+            if not server.tags:
+                server = replace(server, tags=dict(body["tags"]))
+            return server
+        error = self._error(response, operation)
+        if status == 429:
+            return error, _Outcome.REFUSED, self._retry_after(response)
+        if status in RETRYABLE_STATUSES:
+            return error, _Outcome.UNSURE, None
+        return error, _Outcome.FINAL, None
+
+    async def _lookup_created(self, request_id: str) -> Server | CloudError | None:
+        """One listing by request tag: the server, None if provably absent, or the error."""
+        try:
+            response = await self._attempt(
+                LOOKUP_OPERATION, "GET", "servers", params={f"tag:{TAG_REQUEST}": request_id}
+            )
+        except httpx.RequestError as exc:
+            return _transport_error(exc, LOOKUP_OPERATION, self._secrets)
+        if response.status_code != 200:
+            return self._error(response, LOOKUP_OPERATION)
+        try:
+            servers = self._decode(response, LOOKUP_OPERATION, parse_servers)
+        except CloudError as exc:
+            return exc
+        matches = [s for s in servers if s.tags.get(TAG_REQUEST) == request_id]
+        if len(matches) > 1:
+            logger.error(
+                "create request %s produced %d servers: %s",
+                request_id,
+                len(matches),
+                ", ".join(s.uuid for s in matches),
+            )
+        return matches[0] if matches else None
+
+    def _recovered(self, server: Server, body: dict[str, Any]) -> Server:
+        self.retries["create_server_recovered"] = self.retries.get("create_server_recovered", 0) + 1
+        logger.warning(
+            "create of %s: response was lost but the server exists (%s); using it",
+            body["name"],
+            server.uuid,
+        )
+        return server
+
+    @staticmethod
+    def _outcome_unknown(body: dict[str, Any], error: CloudError) -> UnavailableError:
+        return UnavailableError(
+            f"create of {body['name']}: outcome unknown, the server may exist with tag "
+            f"{TAG_REQUEST}={body['tags'][TAG_REQUEST]}; last error: {error.message}",
+            error.status,
+            "create_server",
+        )
+
+    # ---- the request machinery ----------------------------------------------------------
+
+    async def _call(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (200,),
+    ) -> httpx.Response:
+        """An idempotent request with retries; returns the first `ok` response."""
+        retry = 0
+        while True:
+            retry_after: float | None = None
+            try:
+                response = await self._attempt(operation, method, path, params=params)
+            except httpx.RequestError as exc:
+                error = _transport_error(exc, operation, self._secrets)
+            else:
+                if response.status_code in ok:
+                    return response
+                error = self._error(response, operation)
+                if response.status_code not in RETRYABLE_STATUSES:
+                    raise error
+                if response.status_code == 429:
+                    retry_after = self._retry_after(response)
+            if retry >= self.max_retries:
+                raise error
+            retry += 1
+            await self._pause(operation, retry, error, retry_after)
+
+    async def _attempt(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        json_body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """Exactly one HTTP exchange, paced by the rate limit and reported to on_request."""
+        if self.rate_limiter is not None:
+            await self.rate_limiter.acquire()
+        started = time.monotonic()
+        try:
+            response = await self._http.request(method, path, params=params, json=json_body)
+        except httpx.RequestError:
+            self._observe(operation, "error", time.monotonic() - started)
+            raise
+        self._observe(operation, str(response.status_code), time.monotonic() - started)
+        return response
+
+    async def _pause(
+        self, operation: str, retry: int, error: CloudError, retry_after: float | None
+    ) -> None:
+        self.retries[operation] = self.retries.get(operation, 0) + 1
+        delay = backoff_delay(
+            retry, self.backoff_base, self.max_delay_seconds, self._rng, retry_after
+        )
+        logger.warning(
+            "cloudscale API %s: retry %d/%d in %.2fs after: %s",
+            operation,
+            retry,
+            self.max_retries,
+            delay,
+            error,
+        )
+        await asyncio.sleep(delay)
+
+    def _observe(self, operation: str, status: str, seconds: float) -> None:
+        if self._on_request is None:
+            return
+        try:
+            self._on_request(operation, status, seconds)
+        except Exception:
+            # Metrics must never break API calls.
+            logger.warning("on_request observer failed", exc_info=True)
+
+    def _error(self, response: httpx.Response, operation: str) -> CloudError:
+        return error_from_response(
+            response.status_code, response.content, response.reason_phrase, operation, self._secrets
+        )
+
+    @staticmethod
+    def _retry_after(response: httpx.Response) -> float | None:
+        return parse_retry_after(response.headers.get("Retry-After"))
+
+    def _decode(
+        self, response: httpx.Response, operation: str, parse: Callable[[Any, str], T]
+    ) -> T:
+        try:
+            return decode(response.content, lambda body: parse(body, operation))
+        except ValueError:
+            snippet = redact(response.text[:200], self._secrets)
+            raise CloudError(
+                f"malformed API response: not JSON: {snippet!r}", response.status_code, operation
+            ) from None

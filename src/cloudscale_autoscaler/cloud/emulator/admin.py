@@ -1,0 +1,94 @@
+"""The admin API under /_emulator/: no auth, no faults, no statistics.
+
+Tests use it to arrange the cloud (servers outside any cluster, thousands of servers for
+benchmarks), to inject faults, and to check what happened (deletion log, request counts).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from cloudscale_autoscaler.cloud.emulator.api import STATE
+from cloudscale_autoscaler.cloud.emulator.catalogue import ZONES
+from cloudscale_autoscaler.cloud.emulator.faults import Faults, parse_faults
+from cloudscale_autoscaler.cloud.emulator.responses import (
+    NOT_FOUND,
+    detail,
+    json_bytes,
+    json_value,
+    no_content,
+    read_json,
+)
+from cloudscale_autoscaler.cloud.emulator.validation import validate_create, validate_populate
+
+PREFIX = "/_emulator"
+
+
+def add_routes(app: web.Application) -> None:
+    router = app.router
+    router.add_get(f"{PREFIX}/servers", servers)
+    router.add_post(f"{PREFIX}/servers", create_server)
+    router.add_delete(f"{PREFIX}/servers/{{uuid}}", delete_server)
+    router.add_post(f"{PREFIX}/populate", populate)
+    router.add_get(f"{PREFIX}/deletions", deletions)
+    router.add_get(f"{PREFIX}/stats", stats)
+    router.add_get(f"{PREFIX}/faults", get_faults)
+    router.add_put(f"{PREFIX}/faults", put_faults)
+    router.add_delete(f"{PREFIX}/faults", clear_faults)
+    router.add_post(f"{PREFIX}/reset", reset)
+
+
+async def servers(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.purge()
+    return json_bytes(state.render_list(state.servers.values()))
+
+
+async def create_server(request: web.Request) -> web.Response:
+    """Like POST /v1/servers, bypassing faults and quota; "status" pins the status."""
+    state = request.app[STATE]
+    new = validate_create(await read_json(request), state.member_count, allow_status=True)
+    record = state.create(new)
+    return json_bytes(state.render(record), 201)
+
+
+async def delete_server(request: web.Request) -> web.Response:
+    if not request.app[STATE].delete(request.match_info["uuid"], "admin"):
+        raise detail(404, NOT_FOUND)
+    return no_content()
+
+
+async def populate(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    count, template = validate_populate(await read_json(request), state.member_count)
+    return json_value({"uuids": state.populate(count, template)}, 201)
+
+
+async def deletions(request: web.Request) -> web.Response:
+    return json_value(request.app[STATE].deletions)
+
+
+async def stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    in_flight = {endpoint: n for endpoint, n in state.in_flight.items() if n}
+    return json_value({"requests": state.stats, "in_flight": in_flight})
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return json_value(request.app[STATE].faults.to_json())
+
+
+async def put_faults(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.set_faults(parse_faults(await read_json(request), ZONES))
+    return json_value(state.faults.to_json())
+
+
+async def clear_faults(request: web.Request) -> web.Response:
+    request.app[STATE].set_faults(Faults())
+    return no_content()
+
+
+async def reset(request: web.Request) -> web.Response:
+    request.app[STATE].reset()
+    return no_content()

@@ -1,0 +1,281 @@
+"""The /v1 REST API: handlers plus the pipeline every /v1 request runs through.
+
+Pipeline order (each step can answer instead of the handler): down -> latency -> auth ->
+rate_limit -> error_rate -> handler. Create adds, after validation: fail_next_creates ->
+zones_out_of_capacity -> quota -> create -> lose_create_responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from aiohttp import web
+
+from cloudscale_autoscaler.cloud.emulator.catalogue import (
+    SERVER_GROUPS,
+    FlavorSpec,
+    flavors_body,
+    href,
+    images_body,
+    regions_body,
+)
+from cloudscale_autoscaler.cloud.emulator.records import ServerRecord
+from cloudscale_autoscaler.cloud.emulator.responses import (
+    NOT_FOUND,
+    ApiError,
+    Dropped,
+    Handler,
+    converted,
+    detail,
+    drop_connection,
+    json_bytes,
+    json_value,
+    no_content,
+    read_json,
+)
+from cloudscale_autoscaler.cloud.emulator.state import EmulatorState, TagFilter
+from cloudscale_autoscaler.cloud.emulator.validation import (
+    NewServer,
+    validate_create,
+    validate_patch,
+)
+
+STATE = web.AppKey("emulator_state", EmulatorState)
+TOKEN = web.AppKey("emulator_token", str)  # absent: any request is authenticated
+
+NOT_PROVIDED = "Authentication credentials were not provided."
+INVALID_TOKEN = "Invalid token."
+_ERROR_DETAILS = {
+    400: "Bad request.",
+    500: "A server error occurred.",
+    502: "Bad gateway.",
+    503: "Service temporarily unavailable, try again later.",
+    504: "Gateway timeout.",
+}
+# A gateway's timeout page: what a client sees when the API never answered the proxy.
+_GATEWAY_TIMEOUT_HTML = (
+    b"<html><head><title>504 Gateway Time-out</title></head>"
+    b"<body><center><h1>504 Gateway Time-out</h1></center></body></html>"
+)
+
+_CATALOGUE = {"flavors": flavors_body(), "images": images_body(), "regions": regions_body()}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/servers", list_servers, name="list_servers")
+    app.router.add_post("/v1/servers", create_server, name="create_server")
+    app.router.add_get("/v1/servers/{uuid}", get_server, name="get_server")
+    app.router.add_delete("/v1/servers/{uuid}", delete_server, name="delete_server")
+    app.router.add_patch("/v1/servers/{uuid}", patch_server, name="patch_server")
+    app.router.add_get("/v1/flavors", list_flavors, name="list_flavors")
+    app.router.add_get("/v1/images", list_images, name="list_images")
+    app.router.add_get("/v1/regions", list_regions, name="list_regions")
+    app.router.add_get("/v1/server-groups", list_server_groups, name="list_server_groups")
+
+
+def is_api_path(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+# ---- pipeline ------------------------------------------------------------------------------
+
+
+async def handle_api_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    state.purge()
+    endpoint = request.match_info.route.name
+    if endpoint is None:  # no such route or method: DRF 404/405, not counted
+        return await converted(request, handler)
+    state.in_flight[endpoint] = state.in_flight.get(endpoint, 0) + 1
+    try:
+        response = await converted(request, lambda r: _faulty(r, handler, state, endpoint))
+    finally:
+        state.in_flight[endpoint] -= 1
+    outcome = response.outcome if isinstance(response, Dropped) else str(response.status)
+    state.record_request(endpoint, outcome)
+    return response
+
+
+async def _faulty(
+    request: web.Request, handler: Handler, state: EmulatorState, endpoint: str
+) -> web.StreamResponse:
+    faults = state.faults
+    if faults.down == "reset":
+        return drop_connection(request, reset=True)
+    if faults.down:
+        raise detail(503, _ERROR_DETAILS[503])
+    delay = faults.latency_seconds(endpoint, state.rng)
+    if delay:
+        await _injected_latency(state, endpoint, delay)
+        faults = state.faults  # may have been replaced meanwhile
+    _authenticate(request)
+    limit = faults.rate_limited(endpoint, state.rng)
+    if limit is not None:
+        unit = "second" if limit.retry_after == 1 else "seconds"
+        raise detail(
+            429,
+            f"Request was throttled. Expected available in {limit.retry_after} {unit}.",
+            {"Retry-After": str(limit.retry_after)},
+        )
+    status = faults.injected_status(endpoint, state.rng)
+    if status is not None:
+        raise detail(status, _ERROR_DETAILS.get(status, f"Emulated error (HTTP {status})."))
+    return await handler(request)
+
+
+async def _injected_latency(state: EmulatorState, endpoint: str, seconds: float) -> None:
+    """Sleep `seconds`, ending early once the fault set no longer delays this endpoint (so
+    clearing faults releases requests held by a long latency)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (remaining := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait_for(state.faults_changed.wait(), remaining)
+        except TimeoutError:
+            return
+        if not state.faults.delays(endpoint):
+            return
+
+
+def _authenticate(request: web.Request) -> None:
+    token = request.app.get(TOKEN)
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    challenge = {"WWW-Authenticate": 'Bearer realm="api"'}
+    if scheme.lower() != "bearer":
+        raise detail(401, NOT_PROVIDED, challenge)
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise detail(401, INVALID_TOKEN, challenge)
+
+
+# ---- servers -------------------------------------------------------------------------------
+
+
+def tag_filters(request: web.Request) -> list[TagFilter]:
+    """`tag:<key>=<value>` query parameters; an empty value matches any value of the key."""
+    return [(key[4:], value) for key, value in request.query.items() if key.startswith("tag:")]
+
+
+async def list_servers(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return json_bytes(state.render_list(state.matching(tag_filters(request))))
+
+
+def _server(request: web.Request) -> ServerRecord:
+    record = request.app[STATE].servers.get(request.match_info["uuid"])
+    if record is None:
+        raise detail(404, NOT_FOUND)
+    return record
+
+
+async def get_server(request: web.Request) -> web.Response:
+    return json_bytes(request.app[STATE].render(_server(request)))
+
+
+async def create_server(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    new = validate_create(await read_json(request), state.member_count)
+    _refuse_create(state, new)
+    record = state.create(new)
+    lost = state.faults.lose_create_responses
+    mode = lost.take() if lost else None
+    if mode == "drop":
+        return drop_connection(request, reset=False)
+    if mode == "504":
+        return web.Response(status=504, body=_GATEWAY_TIMEOUT_HTML, content_type="text/html")
+    # The real API answers before the server has booted.
+    return json_bytes(state.render(record, "changing"), 201)
+
+
+def _refuse_create(state: EmulatorState, new: NewServer) -> None:
+    """Injected create failures, checked after validation like the real API would."""
+    faults = state.faults
+    failing = faults.fail_next_creates
+    kind = failing.take() if failing else None
+    if kind == "quota":
+        raise detail(400, "Quota exceeded: emulated failure (fail_next_creates).")
+    if kind == "capacity" or new.zone in faults.zones_out_of_capacity:
+        raise detail(400, capacity_message(new.zone, new.flavor))
+    if kind == "server_error":
+        raise detail(500, _ERROR_DETAILS[500])
+    if kind == "invalid":
+        raise ApiError(400, {"name": ["Emulated invalid request (fail_next_creates)."]})
+    problem = quota_problem(state, new.flavor)
+    if problem:
+        raise detail(400, f"Quota exceeded: {problem}")
+
+
+def capacity_message(zone: str, flavor: FlavorSpec) -> str:
+    return f"Insufficient capacity in zone {zone} for flavor {flavor.slug}."
+
+
+def quota_problem(state: EmulatorState, flavor: FlavorSpec) -> str | None:
+    quota = state.faults.quota
+    if quota is None:
+        return None
+    servers = len(state.servers)
+    if quota.max_servers is not None and servers + 1 > quota.max_servers:
+        return f"servers (limit {quota.max_servers}, in use {servers})."
+    if quota.max_vcpus is not None:
+        in_use = state.vcpus_in_use()
+        if in_use + flavor.vcpu_count > quota.max_vcpus:
+            return (
+                f"vCPUs (limit {quota.max_vcpus}, in use {in_use}, requested {flavor.vcpu_count})."
+            )
+    return None
+
+
+async def delete_server(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    linger = state.faults.slow_deletes_seconds
+    if not state.delete(request.match_info["uuid"], "api", linger):
+        raise detail(404, NOT_FOUND)
+    return no_content()
+
+
+async def patch_server(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    record = _server(request)
+    patch = validate_patch(await read_json(request))
+    if patch.tags is not None:
+        state.set_tags(record, patch.tags)
+    if patch.name is not None:
+        state.rename(record, patch.name)
+    return no_content()
+
+
+# ---- catalogue -----------------------------------------------------------------------------
+
+
+async def list_flavors(request: web.Request) -> web.Response:
+    return json_bytes(_CATALOGUE["flavors"])
+
+
+async def list_images(request: web.Request) -> web.Response:
+    return json_bytes(_CATALOGUE["images"])
+
+
+async def list_regions(request: web.Request) -> web.Response:
+    return json_bytes(_CATALOGUE["regions"])
+
+
+async def list_server_groups(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    base = state.base
+    return json_value(
+        [
+            {
+                **group.stub(base),
+                "type": "anti-affinity",
+                "servers": [
+                    {"href": href(base, "servers", r.uuid), "uuid": r.uuid, "name": r.name}
+                    for r in state.group_members(group.uuid)
+                ],
+                "zone": {"slug": group.zone},
+                "tags": {},
+            }
+            for group in SERVER_GROUPS.values()
+        ]
+    )

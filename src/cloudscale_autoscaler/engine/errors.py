@@ -22,3 +22,8 @@ class FailedPrecondition(EngineError):
 
 class CloudUnavailable(EngineError):
     """The cloud API failed the operation (UNAVAILABLE); the message carries the API's text."""
+
+
+class Unimplemented(EngineError):
+    """The feature is deliberately absent for this group or RPC (UNIMPLEMENTED): CA then
+    treats it as not provided (GetOptions, TemplateNodeInfo, pricing)."""

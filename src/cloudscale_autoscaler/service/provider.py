@@ -1,33 +1,164 @@
-"""The CloudProvider gRPC service: RPC messages <-> engine calls, engine errors -> status codes."""
+"""The CloudProvider gRPC service: RPC messages <-> engine calls, engine errors -> status codes.
+
+Deliberately thin: every decision lives in the engine. Each RPC unpacks its request, calls
+the engine and wraps the answer; an EngineError becomes the gRPC status its class maps to,
+with the engine's message (which CA logs) unchanged.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import NoReturn, TypeVar
+
 import grpc
+from google.protobuf import any_pb2
 
 from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.engine.engine import Engine
+from cloudscale_autoscaler.engine.errors import (
+    CloudUnavailable,
+    EngineError,
+    FailedPrecondition,
+    GroupNotFound,
+    InvalidArgument,
+    Unimplemented,
+)
+from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 
+Context = grpc.aio.ServicerContext[object, object]
+T = TypeVar("T")
+
+_CODES: dict[type[EngineError], grpc.StatusCode] = {
+    GroupNotFound: grpc.StatusCode.NOT_FOUND,
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    CloudUnavailable: grpc.StatusCode.UNAVAILABLE,
+    Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
+def status_code(error: EngineError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: Context, error: EngineError) -> NoReturn:
+    await context.abort(status_code(error), str(error))
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+async def _run(context: Context, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except EngineError as error:
+        await _abort(context, error)
+
 
 class CloudProviderService(pb_grpc.CloudProviderServicer):
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, engine: Engine) -> None:
         self._config = config
+        # Public for the app's wiring (metrics, readiness).
+        self.engine = engine
         self._node_groups = pb.NodeGroupsResponse(
             nodeGroups=[
                 pb.NodeGroup(id=g.name, minSize=g.min_size, maxSize=g.max_size)
                 for g in config.node_groups
             ]
         )
+        self._gpu_label = pb.GPULabelResponse(label=config.gpu_label)
 
     async def NodeGroups(
-        self, request: pb.NodeGroupsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.NodeGroupsRequest, context: Context
     ) -> pb.NodeGroupsResponse:
         return self._node_groups
 
-    async def Cleanup(
-        self, request: pb.CleanupRequest, context: grpc.aio.ServicerContext
-    ) -> pb.CleanupResponse:
+    async def NodeGroupForNode(
+        self, request: pb.NodeGroupForNodeRequest, context: Context
+    ) -> pb.NodeGroupForNodeResponse:
+        return self.engine.node_group_for_node(request.node.providerID)
+
+    async def PricingNodePrice(
+        self, request: pb.PricingNodePriceRequest, context: Context
+    ) -> pb.PricingNodePriceResponse:
+        await _abort(context, Unimplemented("PricingNodePrice is not implemented: no prices"))
+
+    async def PricingPodPrice(
+        self, request: pb.PricingPodPriceRequest, context: Context
+    ) -> pb.PricingPodPriceResponse:
+        await _abort(context, Unimplemented("PricingPodPrice is not implemented: no prices"))
+
+    async def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
+        return self._gpu_label
+
+    async def GetAvailableGPUTypes(
+        self, request: pb.GetAvailableGPUTypesRequest, context: Context
+    ) -> pb.GetAvailableGPUTypesResponse:
+        types = await _run(context, self.engine.gpu_types())
+        return pb.GetAvailableGPUTypesResponse(gpuTypes={t: any_pb2.Any() for t in types})
+
+    async def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
         # CA calls Cleanup when it shuts down; we hold no per-client resources.
         return pb.CleanupResponse()
+
+    async def Refresh(self, request: pb.RefreshRequest, context: Context) -> pb.RefreshResponse:
+        await _run(context, self.engine.refresh())
+        return pb.RefreshResponse()
+
+    async def NodeGroupTargetSize(
+        self, request: pb.NodeGroupTargetSizeRequest, context: Context
+    ) -> pb.NodeGroupTargetSizeResponse:
+        try:
+            size = self.engine.target_size(request.id)
+        except EngineError as error:
+            await _abort(context, error)
+        return pb.NodeGroupTargetSizeResponse(targetSize=size)
+
+    async def NodeGroupIncreaseSize(
+        self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
+    ) -> pb.NodeGroupIncreaseSizeResponse:
+        await _run(context, self.engine.increase_size(request.id, request.delta))
+        return pb.NodeGroupIncreaseSizeResponse()
+
+    async def NodeGroupDeleteNodes(
+        self, request: pb.NodeGroupDeleteNodesRequest, context: Context
+    ) -> pb.NodeGroupDeleteNodesResponse:
+        nodes = [NodeRef(node.providerID, node.name) for node in request.nodes]
+        await _run(context, self.engine.delete_nodes(request.id, nodes))
+        return pb.NodeGroupDeleteNodesResponse()
+
+    async def NodeGroupDecreaseTargetSize(
+        self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: Context
+    ) -> pb.NodeGroupDecreaseTargetSizeResponse:
+        try:
+            self.engine.decrease_target_size(request.id, request.delta)
+        except EngineError as error:
+            await _abort(context, error)
+        return pb.NodeGroupDecreaseTargetSizeResponse()
+
+    async def NodeGroupNodes(
+        self, request: pb.NodeGroupNodesRequest, context: Context
+    ) -> pb.NodeGroupNodesResponse:
+        try:
+            return self.engine.nodes(request.id)
+        except EngineError as error:
+            await _abort(context, error)
+
+    async def NodeGroupTemplateNodeInfo(
+        self, request: pb.NodeGroupTemplateNodeInfoRequest, context: Context
+    ) -> pb.NodeGroupTemplateNodeInfoResponse:
+        return await _run(context, self.engine.template_node_info(request.id))
+
+    async def NodeGroupGetOptions(
+        self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context
+    ) -> pb.NodeGroupAutoscalingOptionsResponse:
+        try:
+            return self.engine.autoscaling_options(request.id, request.defaults)
+        except EngineError as error:
+            await _abort(context, error)

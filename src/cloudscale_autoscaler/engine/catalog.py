@@ -1,0 +1,88 @@
+"""Flavor-derived answers: template nodes and GPU types, cached.
+
+The flavor list comes from the cloud (the client caches it with a TTL); built template
+responses are kept until the next Refresh, since CA caches them per loop anyway and a template
+depends only on config and flavor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.cloud.models import Flavor
+from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.config import Config, NodeGroupConfig
+from cloudscale_autoscaler.engine.errors import CloudUnavailable, FailedPrecondition
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.template.node import gpu_label_value, template_node_bytes
+
+log = logging.getLogger(__name__)
+
+
+class Catalog:
+    def __init__(self, config: Config, cloud: Cloud) -> None:
+        self._config = config
+        self._cloud = cloud
+        self._flavors: dict[str, Flavor] | None = None
+        self._templates: dict[str, pb.NodeGroupTemplateNodeInfoResponse] = {}
+
+    async def refresh(self) -> None:
+        """Re-read flavors (cheap within the client's TTL) and drop built templates. A failure
+        keeps the flavors we have: templates do not justify failing CA's Refresh."""
+        self._templates.clear()
+        try:
+            await self._fetch()
+        except CloudUnavailable as error:
+            log.warning(
+                "keeping %s: %s", "cached flavors" if self._flavors else "no flavors", error
+            )
+
+    async def flavors(self) -> dict[str, Flavor]:
+        if self._flavors is None:
+            await self._fetch()
+        assert self._flavors is not None
+        return self._flavors
+
+    async def _fetch(self) -> None:
+        try:
+            flavors = await self._cloud.list_flavors()
+        except CloudError as error:
+            raise CloudUnavailable(f"listing flavors failed: {error}") from error
+        self._flavors = {flavor.slug: flavor for flavor in flavors}
+
+    async def template(self, group: NodeGroupConfig) -> pb.NodeGroupTemplateNodeInfoResponse:
+        cached = self._templates.get(group.name)
+        if cached is not None:
+            return cached
+        flavor = await self._flavor_of(group)
+        data = template_node_bytes(self._config.cluster, group, flavor, self._config.gpu_label)
+        # Field 1 for CA <= 1.34.1, field 2 for newer CA: the same Node in both.
+        response = pb.NodeGroupTemplateNodeInfoResponse(
+            nodeInfo=core_v1_pb2.Node.FromString(data), nodeBytes=data
+        )
+        self._templates[group.name] = response
+        return response
+
+    async def _flavor_of(self, group: NodeGroupConfig) -> Flavor:
+        flavors = await self.flavors()
+        flavor = flavors.get(group.flavor)
+        if flavor is None:
+            known = ", ".join(sorted(flavors)) or "none"
+            raise FailedPrecondition(
+                f"node group {group.name}: flavor {group.flavor!r} is not offered by the cloud "
+                f"(known flavors: {known})"
+            )
+        return flavor
+
+    async def gpu_types(self) -> list[str]:
+        """GPU types of the configured GPU flavors, spelled as the template's GPU label value
+        (CA looks the node's label value up in this set)."""
+        flavors = await self.flavors()
+        types = set()
+        for group in self._config.node_groups:
+            flavor = flavors.get(group.flavor)
+            if flavor is not None and flavor.gpu is not None and flavor.gpu.count > 0:
+                types.add(gpu_label_value(flavor.gpu.name))
+        return sorted(types)

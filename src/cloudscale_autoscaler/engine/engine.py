@@ -1,0 +1,522 @@
+"""The engine: node groups over the cloud, as CA's externalgrpc calls need them.
+
+Runs on the asyncio loop only, no threads: state changes between two awaits are atomic, so
+no locks are needed. Every check-then-act sequence below keeps its check and its act in one
+synchronous stretch.
+
+Design decisions (see group.py for how target size is counted):
+- Refresh lists `tag:k8s-cluster=<cluster>` once and replaces the inventory. Listings carry
+  the engine tick at which they started; an older listing never overwrites a newer one, and
+  creations/deletions are reconciled by uuid and request tag against the tick.
+- IncreaseSize bumps the target at once, starts creations in the background (bounded by
+  maxConcurrentCreates) and waits at most `increase_wait_seconds` for the verdict: the first
+  success, or every attempt failing. If all failed, the bump is rolled back and the error
+  returned (bad token, invalid flavor); otherwise failures become placeholders.
+- DeleteNodes re-lists the cluster before deleting, so only servers that the cloud lists,
+  right now, with this cluster's and this group's tags are ever deleted.
+- Before the first successful listing, TargetSize answers from what it knows (creations and
+  placeholders only); CA calls Refresh first in every loop, and every mutating call loads
+  the inventory itself before acting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any
+
+from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.cloud.models import (
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_REQUEST,
+    Server,
+    ServerSpec,
+)
+from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.engine import names, options, spec
+from cloudscale_autoscaler.engine.catalog import Catalog
+from cloudscale_autoscaler.engine.errors import (
+    CloudUnavailable,
+    FailedPrecondition,
+    GroupNotFound,
+    InvalidArgument,
+    Unimplemented,
+)
+from cloudscale_autoscaler.engine.group import (
+    DeleteServer,
+    GroupState,
+    NodeRef,
+    RemovePlaceholder,
+    Resolved,
+)
+from cloudscale_autoscaler.engine.providerid import (
+    format_provider_id,
+    parse_server_uuid,
+    placeholder_provider_id,
+)
+from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
+from cloudscale_autoscaler.engine.userdata import UserDataError
+from cloudscale_autoscaler.metrics import GroupStats
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+NOT_MANAGED = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup())
+# Distinct option-defaults CA sends are few (one per CA version); bound the cache anyway.
+_OPTIONS_CACHE_LIMIT = 32
+
+
+class Engine:
+    def __init__(
+        self,
+        config: Config,
+        cloud: Cloud,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        increase_wait_seconds: float = 1.5,
+    ) -> None:
+        self.config = config
+        self._cloud = cloud
+        self._clock = clock
+        self._increase_wait = increase_wait_seconds
+        self._groups = {group.name: GroupState(group) for group in config.node_groups}
+        self._catalog = Catalog(config, cloud)
+        self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
+        self._ticks = itertools.count(1)
+        self._applied_start = 0  # start tick of the listing the inventory comes from
+        self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
+        self._ignored_groups: set[str] = set()
+        self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, timeout_seconds: float = 10.0) -> None:
+        """Load the inventory so targets are right from the first call. Neither failure nor
+        a slow API is fatal (bounded, so serving starts): CA's Refresh and every mutation
+        load it again."""
+        try:
+            await asyncio.wait_for(self.refresh(), timeout_seconds)
+        except (CloudUnavailable, TimeoutError) as error:
+            log.warning(
+                "initial inventory load failed, retrying on Refresh: %s", str(error) or "timed out"
+            )
+
+    async def aclose(self, grace_seconds: float = 10.0) -> None:
+        """Stop: drop creations never sent, give requests already out `grace_seconds` to
+        finish (their servers carry our tags, so a restart finds them either way)."""
+        self._closing = True
+        for group in self._groups.values():
+            _, queued = group.cancellable()
+            for creation in queued:
+                self._cancel_creation(group, creation)
+        pending = [task for task in self._tasks if not task.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=grace_seconds)
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("shutdown: abandoned %d cloud request(s) still in flight", len(late))
+                await asyncio.wait(late)
+
+    @property
+    def loaded(self) -> bool:
+        return self._applied_start > 0
+
+    # --- inventory ------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        await self._sync_inventory("Refresh")
+        await self._catalog.refresh()
+        now = self._clock()
+        for group in self._groups.values():
+            group.expire_placeholders(now, self.config.placeholder_expiry_seconds)
+
+    async def _sync_inventory(self, why: str) -> None:
+        start = next(self._ticks)
+        try:
+            servers = await self._cloud.list_servers(self.config.cluster)
+        except CloudError as error:
+            raise CloudUnavailable(
+                f"{why}: listing the servers of cluster {self.config.cluster} failed: {error}"
+            ) from error
+        self._apply_listing(servers, start)
+
+    async def _ensure_loaded(self, why: str) -> None:
+        if not self.loaded:
+            await self._sync_inventory(why)
+
+    def _apply_listing(self, servers: Iterable[Server], start: int) -> None:
+        if start < self._applied_start:
+            log.debug("dropping a listing older than the inventory (tick %d)", start)
+            return
+        self._applied_start = start
+        buckets: dict[str, dict[str, Server]] = {name: {} for name in self._groups}
+        cluster = self.config.cluster
+        for server in servers:
+            tags = server.tags
+            # The client filters by cluster already; checked again because this inventory is
+            # what DeleteNodes trusts.
+            if tags.get(TAG_CLUSTER) != cluster:
+                continue
+            group_name = tags.get(TAG_GROUP)
+            if group_name is None:
+                continue
+            bucket = buckets.get(group_name)
+            if bucket is None:
+                self._ignore_group(group_name)
+                continue
+            bucket[server.uuid] = server
+        for name, group in self._groups.items():
+            group.apply_listing(buckets[name], start)
+        self._rebuild_index()
+
+    def _ignore_group(self, name: str) -> None:
+        if name not in self._ignored_groups:
+            self._ignored_groups.add(name)
+            log.warning(
+                "ignoring servers tagged %s=%s: no such node group is configured", TAG_GROUP, name
+            )
+
+    def _rebuild_index(self) -> None:
+        index: dict[str, pb.NodeGroupForNodeResponse] = {}
+        for group in self._groups.values():
+            answer = group.for_node
+            for uuid in group.servers:
+                index[format_provider_id(uuid)] = answer
+            for creation in group.creations.values():
+                if creation.uuid is not None:
+                    index[format_provider_id(creation.uuid)] = answer
+            for ident in group.placeholders:
+                index[placeholder_provider_id(ident)] = answer
+        self._by_provider_id = index
+
+    def _group(self, name: str) -> GroupState:
+        group = self._groups.get(name)
+        if group is None:
+            known = ", ".join(self._groups) or "none"
+            raise GroupNotFound(f"node group {name!r} is not configured (configured: {known})")
+        return group
+
+    def _expire(self, group: GroupState) -> None:
+        group.expire_placeholders(self._clock(), self.config.placeholder_expiry_seconds)
+
+    def _owner_of(self, uuid: str) -> str | None:
+        for name, group in self._groups.items():
+            if uuid in group.servers:
+                return name
+        return None
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def node_group_for_node(self, provider_id: str) -> pb.NodeGroupForNodeResponse:
+        """O(1): the exact CCM spelling hits the index directly; other spellings are parsed."""
+        answer = self._by_provider_id.get(provider_id)
+        if answer is not None:
+            return answer
+        uuid = parse_server_uuid(provider_id)
+        if uuid is None:
+            return NOT_MANAGED
+        return self._by_provider_id.get(format_provider_id(uuid), NOT_MANAGED)
+
+    def group_stats(self) -> list[GroupStats]:
+        """Per-group numbers for the metrics collector (read at scrape time)."""
+        stats = []
+        for group in self._groups.values():
+            pending = sum(1 for _ in group.pending_creations())
+            target = group.target()
+            stats.append(
+                GroupStats(
+                    name=group.name,
+                    min_size=group.config.min_size,
+                    max_size=group.config.max_size,
+                    target_size=target,
+                    servers=target - pending - len(group.placeholders),
+                    creations_in_flight=pending,
+                    placeholders=len(group.placeholders),
+                )
+            )
+        return stats
+
+    def target_size(self, name: str) -> int:
+        group = self._group(name)
+        self._expire(group)
+        return group.target()
+
+    def nodes(self, name: str) -> pb.NodeGroupNodesResponse:
+        group = self._group(name)
+        self._expire(group)
+        return pb.NodeGroupNodesResponse(instances=group.instances())
+
+    async def template_node_info(self, name: str) -> pb.NodeGroupTemplateNodeInfoResponse:
+        return await self._catalog.template(self._group(name).config)
+
+    async def gpu_types(self) -> list[str]:
+        return await self._catalog.gpu_types()
+
+    def autoscaling_options(
+        self, name: str, defaults: pb.NodeGroupAutoscalingOptions
+    ) -> pb.NodeGroupAutoscalingOptionsResponse:
+        group = self._group(name)
+        overrides = group.config.autoscaling_options
+        if overrides is None:
+            raise Unimplemented(f"node group {name} has no autoscalingOptions: CA's defaults apply")
+        # One answer per group when nothing comes from the defaults, else one per defaults.
+        key_defaults = (
+            defaults.SerializeToString(deterministic=True)
+            if options.depends_on_defaults(overrides)
+            else b""
+        )
+        key = (name, key_defaults)
+        cached = self._options.get(key)
+        if cached is None:
+            if len(self._options) >= _OPTIONS_CACHE_LIMIT:
+                self._options.clear()
+            cached = self._options[key] = options.build_options(overrides, defaults)
+        return cached
+
+    # --- increase -------------------------------------------------------------------------
+
+    async def increase_size(self, name: str, delta: int) -> None:
+        group = self._group(name)
+        if delta <= 0:
+            raise InvalidArgument(f"delta must be positive, got {delta}")
+        if self._closing:
+            raise CloudUnavailable("shutting down: not starting new creations")
+        await self._ensure_loaded(f"IncreaseSize {name}")
+        # From here to the spawns there is no await: the max check and the bump are atomic.
+        self._expire(group)
+        target = group.target()
+        if target + delta > group.config.max_size:
+            raise FailedPrecondition(
+                f"increasing node group {name} by {delta} would exceed its maxSize "
+                f"{group.config.max_size} (target size is {target})"
+            )
+        specs = self._new_specs(group, delta)
+        batch = Batch(delta)
+        for server_spec in specs:
+            self._start_creation(group, batch, server_spec)
+        log.info(
+            "group %s: creating %d server(s), target %d -> %d", name, delta, target, target + delta
+        )
+        await self._verdict(group, batch)
+
+    def _new_specs(self, group: GroupState, count: int) -> list[ServerSpec]:
+        """`count` create requests with names unique in the group (listed or in flight)."""
+        cluster = self.config.cluster
+        in_flight = {c.name for c in group.creations.values()}
+        chosen: list[str] = []
+        while len(chosen) < count:
+            name = names.server_name(cluster, group.name, names.random_suffix())
+            if name not in group.server_names and name not in in_flight:
+                in_flight.add(name)
+                chosen.append(name)
+        try:
+            return [
+                spec.build_spec(cluster, group.config, name, names.request_id()) for name in chosen
+            ]
+        except UserDataError as error:
+            raise FailedPrecondition(f"node group {group.name}: {error}") from error
+
+    def _start_creation(self, group: GroupState, batch: Batch, server_spec: ServerSpec) -> None:
+        request_id = server_spec.tags[TAG_REQUEST]
+        creation = Creation(request_id, server_spec.name, batch)
+        group.creations[request_id] = creation
+        self._spawn(self._create(group, creation, server_spec))
+
+    async def _verdict(self, group: GroupState, batch: Batch) -> None:
+        try:
+            await asyncio.wait_for(batch.settled.wait(), self._increase_wait)
+        except TimeoutError:
+            return  # still in flight: slow creations report through NodeGroupNodes
+        if not batch.all_failed:
+            return
+        for ident in batch.placeholder_ids:
+            group.remove_placeholder(ident)
+        raise CloudUnavailable(
+            f"creating {batch.size} server(s) in node group {group.name} failed, "
+            f"target size rolled back: {batch.first_error}"
+        )
+
+    async def _create(self, group: GroupState, creation: Creation, server_spec: ServerSpec) -> None:
+        async with self._create_slots:
+            if group.creations.get(creation.request_id) is not creation:
+                return  # cancelled, or already listed, while it waited for a slot
+            creation.state = CreationState.SENDING
+            try:
+                server = await self._cloud.create_server(server_spec)
+            except CloudError as error:
+                self._creation_failed(group, creation, error)
+                return
+            except Exception as error:  # a bug must still leave an accounted placeholder
+                log.exception("group %s: creating %s crashed", group.name, creation.name)
+                failure = CloudError(f"internal error: {error!r}", None, "create_server")
+                self._creation_failed(group, creation, failure)
+                return
+        self._creation_acked(group, creation, server)
+
+    def _creation_acked(self, group: GroupState, creation: Creation, server: Server) -> None:
+        creation.batch.successes += 1
+        creation.batch.record()
+        if group.creations.get(creation.request_id) is not creation:
+            return  # a listing already found it by its request tag and counts it
+        creation.uuid = server.uuid
+        creation.acked_tick = next(self._ticks)
+        creation.state = CreationState.ACKED
+        self._by_provider_id[format_provider_id(server.uuid)] = group.for_node
+        if server.uuid in group.servers:
+            del group.creations[creation.request_id]
+        log.info("group %s: created server %s (%s)", group.name, server.name, server.uuid)
+
+    def _creation_failed(self, group: GroupState, creation: Creation, error: CloudError) -> None:
+        batch = creation.batch
+        if group.creations.pop(creation.request_id, None) is None:
+            # A listing already showed the server under its request tag: it exists after all.
+            batch.successes += 1
+            batch.record()
+            return
+        placeholder = Placeholder.from_error(
+            creation.request_id, creation.request_id, error, self._clock()
+        )
+        group.add_placeholder(placeholder)
+        self._by_provider_id[placeholder_provider_id(placeholder.ident)] = group.for_node
+        batch.failures += 1
+        batch.first_error = batch.first_error or str(error)
+        batch.placeholder_ids.append(placeholder.ident)
+        batch.record()
+        log.warning(
+            "group %s: creating %s failed (%s): %s", group.name, creation.name, error.code, error
+        )
+
+    def _cancel_creation(self, group: GroupState, creation: Creation) -> None:
+        del group.creations[creation.request_id]
+        creation.batch.cancelled += 1
+        creation.batch.record()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- decrease -------------------------------------------------------------------------
+
+    def decrease_target_size(self, name: str, delta: int) -> None:
+        group = self._group(name)
+        if delta >= 0:
+            raise InvalidArgument(f"delta must be negative, got {delta}")
+        self._expire(group)
+        wanted = -delta
+        placeholders, queued = group.cancellable()
+        if wanted > len(placeholders) + len(queued):
+            raise FailedPrecondition(
+                f"decreasing node group {name} by {wanted} would delete existing nodes: "
+                f"target size {group.target()} has only {len(placeholders)} failed-creation "
+                f"placeholder(s) and {len(queued)} creation(s) not yet sent; "
+                "delete nodes through DeleteNodes instead"
+            )
+        dropped_placeholders = placeholders[:wanted]
+        for ident in dropped_placeholders:
+            group.remove_placeholder(ident)
+        for creation in queued[: wanted - len(dropped_placeholders)]:
+            self._cancel_creation(group, creation)
+        log.info("group %s: target decreased by %d", name, wanted)
+
+    # --- delete ---------------------------------------------------------------------------
+
+    async def delete_nodes(self, name: str, nodes: Sequence[NodeRef]) -> None:
+        group = self._group(name)
+        if not nodes:
+            raise InvalidArgument("no nodes given: expected at least one node to delete")
+        # Re-list before deleting: a server is deleted only if the cloud lists it NOW with this
+        # cluster's and this group's tags (tags may have changed since the last Refresh).
+        await self._sync_inventory(f"DeleteNodes {name}")
+        # No await from here until the deletions are started: checks and marks are atomic.
+        self._expire(group)
+        resolved = _unique([group.resolve(node, self._owner_of) for node in nodes])
+        self._check_min_size(group, resolved)
+        waits: list[tuple[NodeRef, asyncio.Task[None]]] = []
+        for item in resolved:
+            if isinstance(item, RemovePlaceholder):
+                group.remove_placeholder(item.ident)
+            elif isinstance(item, DeleteServer):
+                waits.append((item.node, self._start_deletion(group, item.uuid)))
+            elif item.uuid is not None and item.uuid in group.deleting:
+                waits.append((item.node, group.deleting[item.uuid]))  # share it
+        if not waits:
+            return
+        # Shielded: a cancelled RPC (CA's deadline) must not abort deletions already sent;
+        # they finish and are accounted for.
+        results = await asyncio.shield(
+            asyncio.gather(*(task for _, task in waits), return_exceptions=True)
+        )
+        failed = [
+            f"{node.shown} ({node.provider_id or 'no providerID'}): {result}"
+            for (node, _), result in zip(waits, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        if failed:
+            raise CloudUnavailable(
+                f"deleting {len(failed)} of {len(resolved)} node(s) of node group {name} "
+                f"failed (the others are deleted): {'; '.join(failed)}"
+            )
+
+    def _check_min_size(self, group: GroupState, resolved: list[Resolved]) -> None:
+        counted = sum(1 for r in resolved if isinstance(r, DeleteServer) and not r.broken)
+        if not counted:
+            return  # only placeholders, broken servers and no-ops: exempt from minSize
+        placeholders = sum(1 for r in resolved if isinstance(r, RemovePlaceholder))
+        target = group.target()
+        in_flight = group.deletions_in_flight()
+        remaining = target - in_flight - placeholders - counted
+        if remaining < group.config.min_size:
+            raise FailedPrecondition(
+                f"deleting {counted} node(s) from node group {group.name} would take it below "
+                f"its minSize {group.config.min_size} (target size {target}, "
+                f"{in_flight} deletion(s) already in flight)"
+            )
+
+    def _start_deletion(self, group: GroupState, uuid: str) -> asyncio.Task[None]:
+        task = group.deleting.get(uuid)
+        if task is None:
+            task = group.deleting[uuid] = self._spawn(self._delete(group, uuid))
+        return task
+
+    async def _delete(self, group: GroupState, uuid: str) -> None:
+        try:
+            await self._cloud.delete_server(uuid)  # 404 = already gone = success
+        except BaseException as error:
+            group.deleting.pop(uuid, None)
+            if isinstance(error, CloudError):
+                log.warning("group %s: deleting server %s failed: %s", group.name, uuid, error)
+            raise
+        group.deleting.pop(uuid, None)
+        group.deleted[uuid] = next(self._ticks)
+        group.gone.add(uuid)
+        for request_id, creation in list(group.creations.items()):
+            if creation.uuid == uuid:
+                del group.creations[request_id]
+        log.info("group %s: deleted server %s", group.name, uuid)
+
+
+def _unique(resolved: list[Resolved]) -> list[Resolved]:
+    """The same node twice in one request is deleted (and counted) once."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for item in resolved:
+        if isinstance(item, RemovePlaceholder):
+            key = ("placeholder", item.ident)
+        elif isinstance(item, DeleteServer):
+            key = ("server", item.uuid)
+        else:
+            key = ("gone", item.uuid or item.node.provider_id)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out

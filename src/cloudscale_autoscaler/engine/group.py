@@ -1,0 +1,265 @@
+"""One node group's state and the synchronous rules over it.
+
+Target size is never stored: it is computed from what the cloud listed, what we are creating
+and what failed, so every path (Refresh, restart, races, manual changes) converges on the
+same number:
+
+    target = listed servers not deleted by us + creations not yet listed + placeholders
+
+Everything here runs on the event loop without awaiting, so each method is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from cloudscale_autoscaler.cloud.models import TAG_REQUEST, Server
+from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.engine import instances
+from cloudscale_autoscaler.engine.errors import FailedPrecondition
+from cloudscale_autoscaler.engine.providerid import (
+    parse_placeholder_id,
+    parse_server_uuid,
+)
+from cloudscale_autoscaler.engine.records import Creation, CreationState, Placeholder, Recent
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A node CA asks us to delete: providerID and name as CA sent them."""
+
+    provider_id: str
+    name: str = ""
+
+    @property
+    def shown(self) -> str:
+        return self.name or self.provider_id or "<node without name and providerID>"
+
+
+@dataclass(frozen=True)
+class DeleteServer:
+    node: NodeRef
+    uuid: str
+    # The server is broken (status error): it never counts against minSize.
+    broken: bool = False
+
+
+@dataclass(frozen=True)
+class RemovePlaceholder:
+    node: NodeRef
+    ident: str
+
+
+@dataclass(frozen=True)
+class AlreadyGone:
+    """Ours once and gone (or being deleted right now): deleting it again is a success."""
+
+    node: NodeRef
+    uuid: str | None = None
+
+
+Resolved = DeleteServer | RemovePlaceholder | AlreadyGone
+
+
+class GroupState:
+    def __init__(self, config: NodeGroupConfig) -> None:
+        self.config = config
+        self.name = config.name
+        node_group = pb.NodeGroup(id=config.name, minSize=config.min_size, maxSize=config.max_size)
+        # Prebuilt: NodeGroupForNode answers with this very object for every node of the group.
+        self.for_node = pb.NodeGroupForNodeResponse(nodeGroup=node_group)
+        self.servers: dict[str, Server] = {}  # uuid -> server, from the latest listing
+        self.server_names: set[str] = set()
+        self.creations: dict[str, Creation] = {}  # request id -> creation in flight
+        self.placeholders: dict[str, Placeholder] = {}  # id (= request id) -> failed creation
+        self.deleting: dict[str, asyncio.Task[None]] = {}  # uuid -> our delete in flight
+        self.deleted: dict[str, int] = {}  # uuid -> tick our delete succeeded
+        self.gone = Recent()
+        # uuid -> ((status, name, deleting), Instance): NodeGroupNodes reuses unchanged ones
+        # (building 20,000 messages per call costs tens of milliseconds of loop time).
+        self._instances: dict[str, tuple[tuple[str, str, bool], pb.Instance]] = {}
+
+    # --- counting -------------------------------------------------------------------------
+
+    def pending_creations(self) -> Iterator[Creation]:
+        """Creations that count on top of the listing: not sent, sent, or acked but unlisted."""
+        return (c for c in self.creations.values() if c.uuid is None or c.uuid not in self.servers)
+
+    def target(self) -> int:
+        deleted_listed = sum(1 for uuid in self.deleted if uuid in self.servers)
+        return (
+            len(self.servers)
+            - deleted_listed
+            + sum(1 for _ in self.pending_creations())
+            + len(self.placeholders)
+        )
+
+    def deletions_in_flight(self) -> int:
+        """Servers still counted whose deletion is under way."""
+        return sum(1 for uuid in self.deleting if uuid in self.servers and uuid not in self.deleted)
+
+    # --- the cloud's view -------------------------------------------------------------------
+
+    def apply_listing(self, servers: dict[str, Server], start_tick: int) -> None:
+        """Replace the group's servers with a listing that started at `start_tick`."""
+        for uuid in self.servers.keys() - servers.keys():
+            self.gone.add(uuid)
+        self.servers = servers
+        self.server_names = {server.name for server in servers.values()}
+        self._match_request_tags()
+        for request_id, creation in list(self.creations.items()):
+            if creation.uuid is None:
+                continue
+            if creation.uuid in servers:
+                del self.creations[request_id]  # listed: counted as a server from now on
+            elif creation.acked_tick < start_tick:
+                # Acknowledged before this listing began and absent from it: deleted behind
+                # our back. Dropping it lowers the target, as any manual delete does.
+                log.info(
+                    "group %s: new server %s vanished before it was listed",
+                    self.name,
+                    creation.uuid,
+                )
+                del self.creations[request_id]
+                self.gone.add(creation.uuid)
+        # Forget our deletions once a listing begun after them no longer shows the server.
+        self.deleted = {
+            uuid: tick
+            for uuid, tick in self.deleted.items()
+            if uuid in servers or tick > start_tick
+        }
+
+    def _match_request_tags(self) -> None:
+        """A listed server carrying the request tag of a creation we still await (or of one we
+        recorded as failed) IS that creation: count it once, as a server."""
+        waiting = {rid for rid, c in self.creations.items() if c.uuid is None}
+        waiting.update(self.placeholders)
+        if not waiting:
+            return
+        for server in self.servers.values():
+            request_id = server.tags.get(TAG_REQUEST)
+            if request_id is None or request_id not in waiting:
+                continue
+            if self.creations.pop(request_id, None) is not None:
+                log.debug("group %s: creation %s listed as %s", self.name, request_id, server.uuid)
+            if self.placeholders.pop(request_id, None) is not None:
+                log.warning(
+                    "group %s: create request %s was reported failed but server %s exists; "
+                    "counting the server instead of the placeholder",
+                    self.name,
+                    request_id,
+                    server.uuid,
+                )
+                self.gone.add(request_id)
+
+    # --- placeholders -------------------------------------------------------------------------
+
+    def add_placeholder(self, placeholder: Placeholder) -> None:
+        self.placeholders[placeholder.ident] = placeholder
+
+    def remove_placeholder(self, ident: str) -> bool:
+        if self.placeholders.pop(ident, None) is None:
+            return False
+        self.gone.add(ident)
+        return True
+
+    def expire_placeholders(self, now: float, lifetime: float) -> int:
+        expired = [p.ident for p in self.placeholders.values() if now - p.created >= lifetime]
+        for ident in expired:
+            log.info("group %s: failed-creation placeholder %s expired", self.name, ident)
+            self.remove_placeholder(ident)
+        return len(expired)
+
+    # --- decrease -----------------------------------------------------------------------------
+
+    def cancellable(self) -> tuple[list[str], list[Creation]]:
+        """Placeholders (oldest first) and unsent creations (newest first) a decrease may drop."""
+        queued = [c for c in self.creations.values() if c.state is CreationState.QUEUED]
+        return list(self.placeholders), queued[::-1]
+
+    # --- CA's view ----------------------------------------------------------------------------
+
+    def instances(self) -> list[pb.Instance]:
+        cache = self._instances
+        fresh: dict[str, tuple[tuple[str, str, bool], pb.Instance]] = {}
+        out = []
+        for uuid, server in self.servers.items():
+            key = (server.status, server.name, uuid in self.deleting or uuid in self.deleted)
+            entry = cache.get(uuid)
+            if entry is None or entry[0] != key:
+                entry = (key, instances.server_instance(server, key[2]))
+            fresh[uuid] = entry
+            out.append(entry[1])
+        self._instances = fresh
+        # Creations the API has not acknowledged have no id yet; CA counts them as upcoming
+        # (target minus instances), so they are left out rather than invented.
+        out.extend(
+            instances.acked_instance(c.uuid) for c in self.pending_creations() if c.uuid is not None
+        )
+        out.extend(instances.placeholder_instance(p) for p in self.placeholders.values())
+        return out
+
+    # --- deletion -----------------------------------------------------------------------------
+
+    def resolve(self, node: NodeRef, owner_of: Callable[[str], str | None]) -> Resolved:
+        """Which of our things `node` is, or FailedPrecondition naming it if it is not ours.
+
+        `owner_of(uuid)` names the configured group that lists the server, if any.
+        """
+        ident = parse_placeholder_id(node.provider_id)
+        if ident is not None:
+            if ident in self.placeholders:
+                return RemovePlaceholder(node, ident)
+            if ident in self.gone:
+                return AlreadyGone(node)
+            raise FailedPrecondition(
+                f"node {node.shown}: no failed-creation placeholder {ident!r} in node group "
+                f"{self.name}"
+            )
+        uuid = self._uuid_for(node)
+        server = self.servers.get(uuid)
+        if uuid in self.deleted or uuid in self.deleting:
+            return AlreadyGone(node, uuid)
+        if server is not None:
+            return DeleteServer(node, uuid, broken=server.status == "error")
+        acked = any(c.uuid == uuid for c in self.creations.values())
+        if acked:
+            return DeleteServer(node, uuid)
+        owner = owner_of(uuid)
+        # Checked before `gone`: a server re-tagged to another group left ours but is not gone.
+        if owner is None and uuid in self.gone:
+            return AlreadyGone(node, uuid)
+        where = (
+            f"it belongs to node group {owner}"
+            if owner
+            else ("no server with that uuid is tagged for this cluster and group")
+        )
+        raise FailedPrecondition(
+            f"node {node.shown} (server {uuid}) is not in node group {self.name}: {where}"
+        )
+
+    def _uuid_for(self, node: NodeRef) -> str:
+        if node.provider_id:
+            uuid = parse_server_uuid(node.provider_id)
+            if uuid is None:
+                raise FailedPrecondition(
+                    f"node {node.shown}: providerID {node.provider_id!r} is not a cloudscale "
+                    "server (expected cloudscale://<uuid>)"
+                )
+            return uuid
+        # No providerID (a node the CCM has not initialised): only an exact, unambiguous server
+        # name of this very group identifies it.
+        matches = [s.uuid for s in self.servers.values() if node.name and s.name == node.name]
+        if len(matches) != 1:
+            reason = "several servers" if matches else "no server"
+            raise FailedPrecondition(
+                f"node {node.shown} has no providerID and {reason} of node group {self.name} "
+                "has that name"
+            )
+        return matches[0]

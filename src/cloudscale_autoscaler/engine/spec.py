@@ -1,0 +1,45 @@
+"""The create request for one new server of a group (pure)."""
+
+from __future__ import annotations
+
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, ServerSpec
+from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.engine import userdata
+
+
+def identity_tags(cluster: str, group: str, request_id: str) -> dict[str, str]:
+    return {TAG_CLUSTER: cluster, TAG_GROUP: group, TAG_REQUEST: request_id}
+
+
+def render_user_data(cluster: str, group: NodeGroupConfig, name: str) -> str | None:
+    if group.user_data is None:
+        return None
+    values = {
+        "node_labels": userdata.format_labels(group.labels),
+        "node_taints": userdata.format_taints(group.taints),
+        "server_name": name,
+        "group": group.name,
+        "cluster": cluster,
+    }
+    return userdata.render(group.user_data, values)
+
+
+def build_spec(cluster: str, group: NodeGroupConfig, name: str, request_id: str) -> ServerSpec:
+    """Raises userdata.UserDataError if the group's template cannot be rendered."""
+    tags = dict(group.tags)
+    # Identity tags last: they win over anything in the group's own tags.
+    tags.update(identity_tags(cluster, group.name, request_id))
+    return ServerSpec(
+        name=name,
+        flavor=group.flavor,
+        image=group.image,
+        zone=group.zone,
+        volume_size_gb=group.volume_size_gb,
+        ssh_keys=group.ssh_keys,
+        server_groups=group.server_groups,
+        use_public_network=group.use_public_network,
+        use_private_network=group.use_private_network,
+        use_ipv6=group.use_ipv6,
+        user_data=render_user_data(cluster, group, name),
+        tags=tags,
+    )

@@ -75,6 +75,28 @@ def _code_name(code: grpc.StatusCode | None) -> str:
     return "OK" if code is None else code.name
 
 
+async def _observed(
+    behavior: Behavior, request: Any, context: Context, done: Callable[[str, float], None]
+) -> Any:
+    """Runs the RPC and calls done(status code name, seconds) with what the client got."""
+    started = time.perf_counter()
+    code = "UNKNOWN"  # what gRPC answers for an unexpected exception
+    try:
+        response = await behavior(request, context)
+        code = _code_name(context.code())
+        return response
+    except grpc.aio.AbortError:
+        code = _code_name(context.code())
+        raise
+    except asyncio.CancelledError:
+        # A status already sent (abort, then a server stop) is what the client got.
+        sent = context.code()
+        code = "CANCELLED" if sent is None else sent.name
+        raise
+    finally:
+        done(code, time.perf_counter() - started)
+
+
 class RequestLogInterceptor(_UnaryWrapper):
     """Gives every RPC a request id (in `logs.request_id_var`, so every log line written while
     serving it carries it) and logs one DEBUG line per RPC: method, status code, duration."""
@@ -87,41 +109,47 @@ class RequestLogInterceptor(_UnaryWrapper):
         self._counter = itertools.count(1)
 
     def wrap(self, method: str, behavior: Behavior) -> Behavior:
+        def log_line(code: str, seconds: float) -> None:
+            millis = seconds * 1000
+            self._log.debug(
+                "%s %s %.1fms",
+                method,
+                code,
+                millis,
+                extra={
+                    "request_id": request_id_var.get(),
+                    "method": method,
+                    "code": code,
+                    "duration_ms": round(millis, 3),
+                },
+            )
+
         async def logged(request: Any, context: Context) -> Any:
-            request_id = f"{self._prefix}-{next(self._counter)}"
-            request_id_var.set(request_id)
+            request_id_var.set(f"{self._prefix}-{next(self._counter)}")
             if not self._log.isEnabledFor(logging.DEBUG):
                 return await behavior(request, context)
-            started = time.perf_counter()
-            code = "UNKNOWN"  # what gRPC answers for an unexpected exception
-            try:
-                response = await behavior(request, context)
-                code = _code_name(context.code())
-                return response
-            except grpc.aio.AbortError:
-                code = _code_name(context.code())
-                raise
-            except asyncio.CancelledError:
-                # A status already sent (abort, then a server stop) is what the client got.
-                sent = context.code()
-                code = "CANCELLED" if sent is None else sent.name
-                raise
-            finally:
-                millis = (time.perf_counter() - started) * 1000
-                self._log.debug(
-                    "%s %s %.1fms",
-                    method,
-                    code,
-                    millis,
-                    extra={
-                        "request_id": request_id,
-                        "method": method,
-                        "code": code,
-                        "duration_ms": round(millis, 3),
-                    },
-                )
+            return await _observed(behavior, request, context, log_line)
 
         return logged
+
+
+class MetricsInterceptor(_UnaryWrapper):
+    """Reports every RPC's short method name, status code and duration to `observe`."""
+
+    def __init__(self, observe: Callable[[str, str, float], None]) -> None:
+        super().__init__()
+        self._observe = observe
+
+    def wrap(self, method: str, behavior: Behavior) -> Behavior:
+        name = method.rsplit("/", 1)[-1]
+
+        def done(code: str, seconds: float) -> None:
+            self._observe(name, code, seconds)
+
+        async def measured(request: Any, context: Context) -> Any:
+            return await _observed(behavior, request, context, done)
+
+        return measured
 
 
 class AllowedClientsInterceptor(_UnaryWrapper):

@@ -1,3 +1,3 @@
-"""cloudscale-autoscaler: a Kubernetes Cluster Autoscaler externalgrpc provider for cloudscale.ch."""
+"""cloudscale-autoscaler: a Cluster Autoscaler externalgrpc provider for cloudscale.ch."""
 
 __version__ = "0.1.0"

@@ -18,10 +18,13 @@ from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.config import Config, ConfigError
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.logs import register_secret
+from cloudscale_autoscaler.metrics import HealthServer, Metrics
 from cloudscale_autoscaler.service.provider import CloudProviderService
+from cloudscale_autoscaler.transport.interceptors import MetricsInterceptor
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
     ListenError,
+    RunningServer,
     start_server,
 )
 from cloudscale_autoscaler.transport.tls import TLSFileError
@@ -36,6 +39,7 @@ EXIT_BAD_CONFIG = 2
 @dataclass
 class Provider:
     service: CloudProviderService
+    metrics: Metrics
     # Awaited in reverse order after the server stopped (HTTP clients, background tasks).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -49,13 +53,66 @@ class Provider:
 
 async def build_provider(config: Config) -> Provider:
     """Construct the service and everything behind it."""
-    client = CloudscaleClient.from_config(config.cloudscale)
+    metrics = Metrics()
+    client = CloudscaleClient.from_config(
+        config.cloudscale, on_request=metrics.observe_cloud_request
+    )
     engine = Engine(config, client)
-    provider = Provider(service=CloudProviderService(config, engine))
+    metrics.track_groups(engine.group_stats)
+    metrics.last_refresh.set_function(lambda: engine.last_refresh_unix)
+    provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
     # Closed in reverse: the engine lets creations already sent finish, then the client goes.
     provider.closers += [client.aclose, engine.aclose]
     await engine.start()
     return provider
+
+
+@dataclass
+class Running:
+    """A started provider: the gRPC server and, if configured, the metrics endpoint."""
+
+    provider: Provider
+    server: RunningServer
+    health: HealthServer | None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
+        try:
+            await self.server.stop(grace)
+        finally:
+            if self.health is not None:
+                await self.health.stop()
+            await self.provider.aclose()
+
+
+async def start_provider(config: Config, *, listen: str | None = None) -> Running:
+    """Build the provider and start serving it; raises TLSFileError, ListenError, ValueError."""
+    provider = await build_provider(config)
+    try:
+        server = await start_server(
+            config,
+            provider.service,
+            listen=listen,
+            interceptors=[MetricsInterceptor(provider.metrics.observe_rpc)],
+        )
+    except BaseException:
+        await provider.aclose()
+        raise
+    provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
+    health = None
+    if config.metrics.listen is not None:
+        engine = provider.service.engine
+        health = HealthServer(provider.metrics, ready=lambda: engine.loaded)
+        try:
+            host, _, port = config.metrics.listen.rpartition(":")
+            await health.start(host.strip("[]"), int(port))
+        except BaseException:
+            await Running(provider, server, None).stop(0)
+            raise
+    return Running(provider, server, health)
 
 
 def _on_signals(stop: asyncio.Event) -> None:
@@ -82,17 +139,13 @@ async def run(
     if stop is None:
         stop = asyncio.Event()
         _on_signals(stop)
-    provider = await build_provider(config)
     try:
-        try:
-            server = await start_server(config, provider.service)
-        except (TLSFileError, ListenError, ValueError) as exc:
-            log.error("cannot start the gRPC server: %s", exc)
-            return EXIT_STARTUP_FAILED
-        await stop.wait()
-        await server.stop(grace)
-    finally:
-        await provider.aclose()
+        running = await start_provider(config)
+    except (TLSFileError, ListenError, ValueError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_STARTUP_FAILED
+    await stop.wait()
+    await running.stop(grace)
     return EXIT_OK
 
 

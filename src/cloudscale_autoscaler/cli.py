@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("--config", type=Path, required=True)
     check.add_argument(
-        "--online", action="store_true",
+        "--online",
+        action="store_true",
         help="also check flavors, images and zones against the cloud API",
     )
 

@@ -16,13 +16,13 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import httpx
 
-from cloudscale_autoscaler.app import build_provider
+from cloudscale_autoscaler.app import Running, start_provider
 from cloudscale_autoscaler.certs import mint_dev_pki
 from cloudscale_autoscaler.cloud.emulator.server import Emulator
 from cloudscale_autoscaler.config import Config
@@ -31,7 +31,7 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.service.provider import SERVICE_NAME
-from cloudscale_autoscaler.transport.server import ListenError, RunningServer, start_server
+from cloudscale_autoscaler.transport.server import ListenError
 
 DEMO_TOKEN = "demo-token"
 PREFERRED_PORT = 8086
@@ -113,14 +113,12 @@ def _write_workspace(directory: Path, api_url: str, port: int) -> Path:
     return config
 
 
-async def _serve(config: Config) -> tuple[RunningServer, Callable[[], Awaitable[None]]]:
-    """The provider as `serve` builds it, on the preferred port or a free one."""
-    provider = await build_provider(config)
+async def _serve(config: Config) -> Running:
+    """The provider as `serve` runs it, on the preferred port or else a free one."""
     try:
-        server = await start_server(config, provider.service)
+        return await start_provider(config)
     except ListenError:
-        server = await start_server(config, provider.service, listen="127.0.0.1:0")
-    return server, provider.aclose
+        return await start_provider(config, listen="127.0.0.1:0")
 
 
 def _channel(certs: Path, port: int) -> grpc.aio.Channel:
@@ -305,7 +303,7 @@ async def _run_in(workspace: Path, timeline: Timeline, *, once: bool) -> int:
     async with Emulator(token=DEMO_TOKEN, seed=0, boot_seconds=BOOT_SECONDS) as emulator:
         config_path = _write_workspace(workspace, emulator.url, PREFERRED_PORT)
         config = load_config(config_path)
-        server, close_provider = await _serve(config)
+        server = await _serve(config)
         timeline.step(f"Emulator on {emulator.url}; provider on 127.0.0.1:{server.port} (mTLS)")
         timeline.say(f"config: {config_path}")
         certs = workspace / "certs"
@@ -325,7 +323,6 @@ async def _run_in(workspace: Path, timeline: Timeline, *, once: bool) -> int:
                 await _wait_for_signal()
         finally:
             await server.stop(1.0)
-            await close_provider()
     return 0
 
 

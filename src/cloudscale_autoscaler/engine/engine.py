@@ -94,6 +94,8 @@ class Engine:
         self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        # Unix time of the last successful Refresh, for the metrics endpoint; 0 = never.
+        self.last_refresh_unix = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -137,6 +139,7 @@ class Engine:
         now = self._clock()
         for group in self._groups.values():
             group.expire_placeholders(now, self.config.placeholder_expiry_seconds)
+        self.last_refresh_unix = time.time()
 
     async def _sync_inventory(self, why: str) -> None:
         start = next(self._ticks)

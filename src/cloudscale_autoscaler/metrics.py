@@ -1,0 +1,160 @@
+"""Prometheus metrics and the /metrics, /healthz, /readyz HTTP endpoint.
+
+Hot-path cost is kept to one counter increment and one histogram observation per RPC; the
+per-group gauges are not updated on every change but read from the engine at scrape time by a
+custom collector, so scaling work never pays for metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from cloudscale_autoscaler import __version__
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "cloudscale_autoscaler"
+# RPCs answer in microseconds to seconds (IncreaseSize waits for the first create).
+RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+               1.0, 2.5, 5.0, 10.0)  # fmt: skip
+CLOUD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """One node group's state as the engine sees it, read at scrape time."""
+
+    name: str
+    min_size: int
+    max_size: int
+    target_size: int
+    servers: int
+    creations_in_flight: int
+    placeholders: int
+
+
+class _GroupCollector(Collector):
+    def __init__(self, source: Callable[[], Iterable[GroupStats]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            field: GaugeMetricFamily(f"{NAMESPACE}_node_group_{field}", help_, labels=["group"])
+            for field, help_ in (
+                ("min_size", "Configured minimum size of the node group."),
+                ("max_size", "Configured maximum size of the node group."),
+                ("target_size", "Target size answered to the Cluster Autoscaler."),
+                ("servers", "Servers of the node group in the cloud inventory."),
+                ("creations_in_flight", "Server creations started and not yet finished."),
+                ("placeholders", "Failed-creation placeholder instances."),
+            )
+        }
+        for stats in self._source():
+            for field, family in families.items():
+                family.add_metric([stats.name], float(getattr(stats, field)))
+        yield from families.values()
+
+
+class Metrics:
+    """All metrics of one provider process, in a registry of their own (tests run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        Info(f"{NAMESPACE}_build", "Build information.", registry=r).info({"version": __version__})
+        self.rpc_requests = Counter(
+            f"{NAMESPACE}_grpc_requests",
+            "gRPC requests handled, by method and status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_duration = Histogram(
+            f"{NAMESPACE}_grpc_request_duration_seconds",
+            "gRPC request handling time.",
+            ["method"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
+        self.cloud_requests = Counter(
+            f"{NAMESPACE}_cloud_api_requests",
+            "cloudscale.ch API HTTP requests, by operation and HTTP status ('error' if none).",
+            ["operation", "status"],
+            registry=r,
+        )
+        self.cloud_duration = Histogram(
+            f"{NAMESPACE}_cloud_api_request_duration_seconds",
+            "cloudscale.ch API request time.",
+            ["operation"],
+            buckets=CLOUD_BUCKETS,
+            registry=r,
+        )
+        self.last_refresh = Gauge(
+            f"{NAMESPACE}_last_successful_refresh_timestamp_seconds",
+            "Unix time of the last successful Refresh (inventory listing).",
+            registry=r,
+        )
+        self.tls_expiry = Gauge(
+            f"{NAMESPACE}_tls_certificate_expiry_timestamp_seconds",
+            "Unix time at which the served TLS certificate expires.",
+            registry=r,
+        )
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_requests.labels(method, code).inc()
+        self.rpc_duration.labels(method).observe(seconds)
+
+    def observe_cloud_request(self, operation: str, status: str, seconds: float) -> None:
+        self.cloud_requests.labels(operation, status).inc()
+        self.cloud_duration.labels(operation).observe(seconds)
+
+    def track_groups(self, source: Callable[[], Iterable[GroupStats]]) -> None:
+        self.registry.register(_GroupCollector(source))
+
+
+class HealthServer:
+    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered)."""
+
+    def __init__(self, metrics: Metrics, ready: Callable[[], bool]) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._serve_healthz)
+        app.router.add_get("/readyz", self._serve_readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else port
+        log.info("metrics and health endpoint on http://%s:%d", host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _serve_metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _serve_healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _serve_readyz(self, _: web.Request) -> web.Response:
+        if self._ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: the cloud API has not answered yet\n")

@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+#
+# cloudscale-autoscaler image: the Cluster Autoscaler externalgrpc provider for cloudscale.ch.
+#   docker build -t cloudscale-autoscaler:0.1.0 .
+# Runs as UID/GID 10001 with nothing to write outside /tmp, so it works under
+# runAsNonRoot + readOnlyRootFilesystem (deploy/kustomize, deploy/helm).
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# --- builder: wheels for the project and every dependency --------------------------------
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Only what the build needs (.dockerignore keeps the context to these). The generated protobuf
+# modules are committed under src/, so no protoc runs here.
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN pip wheel --wheel-dir /wheels .
+
+# --- final: the installed wheels, no compiler, no build context ---------------------------
+FROM ${PYTHON_IMAGE}
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# Install from the builder's wheels through a bind mount, so they never become a layer; then
+# drop pip/setuptools/wheel, which nothing needs at run time.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels cloudscale-autoscaler \
+    && pip uninstall --yes pip setuptools wheel
+# A fixed numeric UID/GID: Kubernetes can check runAsNonRoot only against a number, and the
+# manifests set runAsUser/fsGroup 10001 to match.
+RUN groupadd --system --gid 10001 cloudscale-autoscaler \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin cloudscale-autoscaler \
+    && mkdir -p /etc/cloudscale-autoscaler
+USER 10001:10001
+# 8086: gRPC (mTLS) for Cluster Autoscaler; 8080: /metrics, /healthz, /readyz.
+EXPOSE 8086 8080
+ENTRYPOINT ["cloudscale-autoscaler"]
+CMD ["serve", "--config", "/etc/cloudscale-autoscaler/config.yaml"]

@@ -1,0 +1,95 @@
+{{/* Chart name, or nameOverride; a DNS label. */}}
+{{- define "cloudscale-autoscaler.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Base name of every object: fullnameOverride, else the release name when it already contains
+the chart name, else <release>-<chart>. Also the Service name, hence a DNS label (63 chars).
+*/}}
+{{- define "cloudscale-autoscaler.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "cloudscale-autoscaler.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cloudscale-autoscaler.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.labels" -}}
+{{ include "cloudscale-autoscaler.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "cloudscale-autoscaler.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "cloudscale-autoscaler.fullname" .)) .Values.tls.secretName -}}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.clientSecretName" -}}
+{{- default (printf "%s-client-tls" (include "cloudscale-autoscaler.fullname" .)) .Values.certManager.client.secretName -}}
+{{- end -}}
+
+{{- define "cloudscale-autoscaler.cloudConfigName" -}}
+{{- default (printf "%s-cloud-config" (include "cloudscale-autoscaler.fullname" .)) .Values.cloudConfig.name -}}
+{{- end -}}
+
+{{/* The host CA dials; also the TLS ServerName, so it is one of the server dnsNames. */}}
+{{- define "cloudscale-autoscaler.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "cloudscale-autoscaler.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Where the container finds what it mounts; the config file points at these. */}}
+{{- define "cloudscale-autoscaler.tlsDir" -}}/etc/cloudscale-autoscaler/tls{{- end -}}
+{{- define "cloudscale-autoscaler.tokenDir" -}}/etc/cloudscale-autoscaler/token{{- end -}}
+{{- define "cloudscale-autoscaler.configPath" -}}/etc/cloudscale-autoscaler/config.yaml{{- end -}}
+
+{{/*
+The config file: .Values.config plus the settings tied to this pod (listen addresses, TLS
+files, token file), which the chart owns so they always match the mounts and ports.
+*/}}
+{{- define "cloudscale-autoscaler.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" -}}
+{{- if hasKey $cfg $key -}}
+{{- fail (printf "config.%s is set by the chart (from %s); remove it from config" $key $from) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (kindIs "map" $cfg.cloudscale) (hasKey $cfg.cloudscale "tokenFile") -}}
+{{- fail "config.cloudscale.tokenFile is set by the chart (from tokenSecret); remove it from config" -}}
+{{- end -}}
+{{- $tlsDir := include "cloudscale-autoscaler.tlsDir" . -}}
+{{- $tls := dict "cert" (printf "%s/tls.crt" $tlsDir) "key" (printf "%s/tls.key" $tlsDir) "clientCA" (printf "%s/ca.crt" $tlsDir) -}}
+{{- with .Values.tls.allowedClients -}}
+{{- $_ := set $tls "allowedClients" . -}}
+{{- end -}}
+{{- $cloudscale := deepCopy (default (dict) $cfg.cloudscale) -}}
+{{- $_ := set $cloudscale "tokenFile" (printf "%s/token" (include "cloudscale-autoscaler.tokenDir" .)) -}}
+{{- $_ = set $cfg "listen" (printf "0.0.0.0:%v" .Values.ports.grpc) -}}
+{{- $_ = set $cfg "tls" $tls -}}
+{{- $_ = set $cfg "cloudscale" $cloudscale -}}
+{{- $_ = set $cfg "metrics" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.metrics)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}

@@ -1,0 +1,1169 @@
+"""Offline validation of deploy/ (kustomize, Helm chart, Cluster Autoscaler examples) and the
+Dockerfile.
+
+Every Kubernetes manifest is deserialized into the `kubernetes` package's models and serialized
+back; a field the model does not know (a typo such as `readOnlyRootFileSystem`) does not survive
+the round trip and is reported. cert-manager, Prometheus Operator and kustomize documents have
+no models there and are checked against the small schemas below.
+
+The built outputs (`kustomize build`, `helm template`) are then checked for what makes the
+deployment work: the config validates with the real loader and points at the mounted files, the
+server certificate names the host Cluster Autoscaler dials, the hardening is in place.
+
+helm and kustomize come from PATH (kustomize also as `kubectl kustomize`), else they are built
+once with `go install` from the Go module proxy into ~/.cache/cloudscale-autoscaler/bin. Tests
+that need one skip, with the reason, only when that fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient, models
+
+from cloudscale_autoscaler.certs import mint_dev_pki
+from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config_loader import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+KUSTOMIZE_DIR = DEPLOY / "kustomize"
+BASE = KUSTOMIZE_DIR / "base"
+OVERLAY = KUSTOMIZE_DIR / "overlays" / "example"
+CHART = DEPLOY / "helm" / "cloudscale-autoscaler"
+EXAMPLES = DEPLOY / "examples"
+
+PROVIDER = "cloudscale-autoscaler"  # container name, and object names in kube-system
+CLIENT_CN = "cluster-autoscaler"
+CLOUD_CONFIG_KEYS = {"address", "cert", "key", "cacert", "grpc_timeout"}
+# Which file of a cert-manager Secret each TLS setting of the config must name.
+TLS_FILES = {"cert": "tls.crt", "key": "tls.key", "clientCA": "ca.crt"}
+
+HELM_PACKAGE = "helm.sh/helm/v3/cmd/helm"
+HELM_VERSION = "v3.22.0"
+# helm's own Makefile stamps these; a bare `go install` would report "v3.22" and render for
+# Kubernetes 1.20. 37 = the minor of k8s.io/client-go v0.37.0 in helm v3.22.0's go.mod.
+HELM_LDFLAGS = " ".join(
+    f"-X helm.sh/helm/v3/{var}"
+    for var in (
+        f"internal/version.version={HELM_VERSION}",
+        "pkg/lint/rules.k8sVersionMajor=1",
+        "pkg/lint/rules.k8sVersionMinor=37",
+        "pkg/chartutil.k8sVersionMajor=1",
+        "pkg/chartutil.k8sVersionMinor=37",
+    )
+)
+KUSTOMIZE_PACKAGE = "sigs.k8s.io/kustomize/kustomize/v5"
+KUSTOMIZE_VERSION = "v5.8.1"  # v5.8.2+ need Go 1.27
+KUBE_VERSION = "1.34.0"  # what `helm template` and `helm lint` render for
+INSTALL_SECONDS = 900
+GO_FALLBACK = Path("/usr/local/go/bin/go")  # where the Go toolchain lives on these machines
+# A test that may have to build helm or kustomize first gets time for that.
+NEEDS_TOOL = pytest.mark.timeout(INSTALL_SECONDS + 120)
+
+Doc = dict[str, Any]
+
+
+# --- YAML files under deploy/ --------------------------------------------------------------
+
+
+def load_docs(text: str) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+def read_docs(path: Path) -> list[Doc]:
+    return load_docs(path.read_text(encoding="utf-8"))
+
+
+def yaml_files() -> list[Path]:
+    """Every YAML file under deploy/ except Helm templates (Go templates, not YAML)."""
+    files = [*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]
+    return sorted(p for p in files if CHART / "templates" not in p.parents)
+
+
+def kustomizations() -> list[Path]:
+    return sorted(KUSTOMIZE_DIR.rglob("kustomization.yaml"))
+
+
+def _kustomization_refs(path: Path, field: str) -> list[Path]:
+    """Files a kustomization names in configMapGenerator[].files or patches[].path."""
+    (doc,) = read_docs(path)
+    if field == "generated":
+        names = [f for gen in doc.get("configMapGenerator", []) for f in gen.get("files", [])]
+    else:
+        names = [patch["path"] for patch in doc.get("patches", []) if "path" in patch]
+    return [(path.parent / name.split("=")[-1]).resolve() for name in names]
+
+
+def role_of(path: Path) -> str:
+    """What a YAML file under deploy/ is, and so how it is checked."""
+    if path.name == "kustomization.yaml":
+        return "kustomization"
+    if any(path in _kustomization_refs(k, "generated") for k in kustomizations()):
+        return "provider-config"
+    if any(path in _kustomization_refs(k, "patches") for k in kustomizations()):
+        return "patch"
+    if path.parent == CHART:
+        return {"Chart.yaml": "chart", "values.yaml": "chart-values"}.get(path.name, "unknown")
+    if path.name.endswith("-values.yaml"):
+        return "ca-chart-values"
+    return "manifests"
+
+
+# --- deserializing into Kubernetes models ------------------------------------------------
+
+BUILTIN_GROUPS = frozenset(
+    {
+        "",
+        "apps",
+        "batch",
+        "policy",
+        "autoscaling",
+        "networking.k8s.io",
+        "rbac.authorization.k8s.io",
+        "coordination.k8s.io",
+        "scheduling.k8s.io",
+        "storage.k8s.io",
+    }
+)
+
+
+@functools.cache
+def api_client() -> ApiClient:
+    return ApiClient()
+
+
+def model_name(api_version: str, kind: str) -> str | None:
+    """`apps/v1` + `Deployment` -> `V1Deployment`; None for groups without models here."""
+    group, _, version = api_version.rpartition("/")
+    if group not in BUILTIN_GROUPS:
+        return None
+    name = version[:1].upper() + version[1:] + kind
+    return name if hasattr(models, name) else None
+
+
+def lost_fields(original: Any, echoed: Any, path: str = "") -> list[str]:
+    """Where `echoed` (after the model round trip) differs from `original`."""
+    if isinstance(original, dict):
+        if not isinstance(echoed, dict):
+            return [f"{path}: expected a mapping"]
+        problems = []
+        for key, value in original.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key not in echoed:
+                problems.append(f"{here}: not a field of this object")
+            else:
+                problems += lost_fields(value, echoed[key], here)
+        return problems
+    if isinstance(original, list):
+        if not isinstance(echoed, list) or len(echoed) != len(original):
+            return [f"{path}: list changed in the round trip"]
+        pairs = zip(original, echoed, strict=True)
+        return [p for i, (a, b) in enumerate(pairs) for p in lost_fields(a, b, f"{path}[{i}]")]
+    if type(original) is not type(echoed) or original != echoed:
+        return [f"{path}: {original!r} did not survive the round trip (got {echoed!r})"]
+    return []
+
+
+def deserialize(doc: Doc) -> list[str]:
+    """Problems with one built-in object, or with a custom resource via its schema."""
+    api_version, kind = doc.get("apiVersion"), doc.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return ["apiVersion and kind are required strings"]
+    custom = CUSTOM_SCHEMAS.get((api_version, kind))
+    if custom is not None:
+        return check_custom(doc, custom)
+    name = model_name(api_version, kind)
+    if name is None:
+        return [f"{api_version} {kind}: no Kubernetes model and no schema for it here"]
+    # The private deserializer is the one `ApiClient.deserialize` uses on HTTP responses.
+    client: Any = api_client()
+    try:
+        obj = client._ApiClient__deserialize(doc, name)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        return [f"{kind}: {exc}"]
+    return lost_fields(doc, client.sanitize_for_serialization(obj))
+
+
+def assert_deserializes(docs: list[Doc], source: str) -> None:
+    problems = [
+        f"{source}: {doc.get('kind')} {doc.get('metadata', {}).get('name')}: {problem}"
+        for doc in docs
+        for problem in deserialize(doc)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+# --- small schemas for the custom resources and kustomize files -------------------------
+#
+# A shape is a type (str, int, bool, dict, list), a frozenset of allowed values, a compiled
+# regex a string must match, a one-item list [shape] (a list of those), or an `Obj` (a mapping
+# with exactly these keys).
+
+
+@dataclass(frozen=True)
+class Obj:
+    required: dict[str, Any]
+    optional: dict[str, Any]
+
+
+GO_DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(h|m|s|ms))+")
+DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+CERT_USAGES = frozenset(
+    {
+        "signing",
+        "digital signature",
+        "content commitment",
+        "key encipherment",
+        "key agreement",
+        "data encipherment",
+        "cert sign",
+        "crl sign",
+        "server auth",
+        "client auth",
+    }
+)
+METADATA = Obj({"name": str}, {"namespace": str, "labels": dict, "annotations": dict})
+ISSUER_REF = Obj({"name": str}, {"kind": frozenset({"Issuer", "ClusterIssuer"}), "group": str})
+PRIVATE_KEY = Obj(
+    {},
+    {
+        "algorithm": frozenset({"RSA", "ECDSA", "Ed25519"}),
+        "size": int,
+        "encoding": frozenset({"PKCS1", "PKCS8"}),
+        "rotationPolicy": frozenset({"Never", "Always"}),
+    },
+)
+CERTIFICATE_SPEC = Obj(
+    {"secretName": str, "issuerRef": ISSUER_REF},
+    {
+        "commonName": str,
+        "dnsNames": [DNS_NAME],
+        "ipAddresses": [str],
+        "usages": [CERT_USAGES],
+        "isCA": bool,
+        "duration": GO_DURATION,
+        "renewBefore": GO_DURATION,
+        "privateKey": PRIVATE_KEY,
+        "subject": dict,
+        "secretTemplate": dict,
+    },
+)
+ISSUER_SPEC = Obj(
+    {},
+    {
+        "selfSigned": Obj({}, {"crlDistributionPoints": [str]}),
+        "ca": Obj({"secretName": str}, {"crlDistributionPoints": [str], "ocspServers": [str]}),
+        "acme": dict,
+        "vault": dict,
+        "venafi": dict,
+    },
+)
+SERVICE_MONITOR_SPEC = Obj(
+    {
+        "selector": Obj({}, {"matchLabels": dict, "matchExpressions": list}),
+        "endpoints": [
+            Obj(
+                {"port": str},
+                {
+                    "path": str,
+                    "scheme": frozenset({"http", "https"}),
+                    "interval": GO_DURATION,
+                    "scrapeTimeout": GO_DURATION,
+                    "honorLabels": bool,
+                    "relabelings": list,
+                    "metricRelabelings": list,
+                },
+            )
+        ],
+    },
+    {"namespaceSelector": dict, "jobLabel": str, "targetLabels": [str]},
+)
+
+
+def _custom(api_version: str, kind: str, spec: Obj) -> Obj:
+    return Obj(
+        {
+            "apiVersion": frozenset({api_version}),
+            "kind": frozenset({kind}),
+            "metadata": METADATA,
+            "spec": spec,
+        },
+        {},
+    )
+
+
+CUSTOM_SCHEMAS: dict[tuple[str, str], Obj] = {
+    ("cert-manager.io/v1", "Certificate"): _custom(
+        "cert-manager.io/v1", "Certificate", CERTIFICATE_SPEC
+    ),
+    ("cert-manager.io/v1", "Issuer"): _custom("cert-manager.io/v1", "Issuer", ISSUER_SPEC),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _custom(
+        "monitoring.coreos.com/v1", "ServiceMonitor", SERVICE_MONITOR_SPEC
+    ),
+}
+
+
+def check_custom(doc: Doc, schema: Obj) -> list[str]:
+    problems = check_shape(doc, schema, "")
+    spec = doc.get("spec")
+    if doc["kind"] == "Issuer" and isinstance(spec, dict) and len(spec) != 1:
+        problems.append(f"spec: an Issuer has exactly one type, got {sorted(spec)}")
+    return problems
+
+
+KUSTOMIZE_COMMON: dict[str, Any] = {
+    "namespace": str,
+    "resources": [str],
+    "components": [str],
+    "configMapGenerator": [
+        Obj({"name": str}, {"files": [str], "literals": [str], "behavior": str, "options": dict})
+    ],
+    "images": [Obj({"name": str}, {"newName": str, "newTag": str, "digest": str})],
+    "patches": [Obj({}, {"path": str, "patch": str, "target": dict, "options": dict})],
+    "labels": [Obj({"pairs": dict}, {"includeSelectors": bool, "includeTemplates": bool})],
+    "commonAnnotations": dict,
+    "replacements": list,
+}
+KUSTOMIZATION = Obj(
+    {
+        "apiVersion": frozenset({"kustomize.config.k8s.io/v1beta1"}),
+        "kind": frozenset({"Kustomization"}),
+    },
+    KUSTOMIZE_COMMON,
+)
+COMPONENT = Obj(
+    {
+        "apiVersion": frozenset({"kustomize.config.k8s.io/v1alpha1"}),
+        "kind": frozenset({"Component"}),
+    },
+    KUSTOMIZE_COMMON,
+)
+
+
+def check_shape(value: Any, shape: Any, path: str) -> list[str]:
+    where = path or "<document>"
+    if isinstance(shape, Obj):
+        return _check_obj(value, shape, path)
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [f"{where}: expected a list"]
+        return [
+            p for i, item in enumerate(value) for p in check_shape(item, shape[0], f"{path}[{i}]")
+        ]
+    if isinstance(shape, frozenset):
+        return [] if value in shape else [f"{where}: {value!r} is not one of {sorted(shape)}"]
+    if isinstance(shape, re.Pattern):
+        ok = isinstance(value, str) and shape.fullmatch(value)
+        return [] if ok else [f"{where}: {value!r} does not match {shape.pattern}"]
+    if isinstance(value, bool) and shape is not bool:
+        return [f"{where}: expected {shape.__name__}, got a boolean"]
+    return [] if isinstance(value, shape) else [f"{where}: expected {shape.__name__}"]
+
+
+def _check_obj(value: Any, shape: Obj, path: str) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{path or '<document>'}: expected a mapping"]
+
+    def at(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    known = {**shape.required, **shape.optional}
+    problems = [f"{at(key)}: unknown field" for key in value if key not in known]
+    problems += [f"{at(key)}: required" for key in shape.required if key not in value]
+    for key, sub in known.items():
+        if key in value:
+            problems += check_shape(value[key], sub, at(key))
+    return problems
+
+
+# --- tools: helm and kustomize ------------------------------------------------------------
+
+
+def tools_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "cloudscale-autoscaler" / "bin"
+
+
+def run(cmd: list[str], *, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
+
+
+def go_install(package: str, version: str, ldflags: str = "") -> str | None:
+    """Build package@version into tools_dir(); None on success, else why it failed."""
+    go = shutil.which("go") or (str(GO_FALLBACK) if GO_FALLBACK.exists() else None)
+    if go is None:
+        return "no Go toolchain (go) to build it with"
+    env = {**os.environ, "GOBIN": str(tools_dir()), "CGO_ENABLED": "0"}
+    cmd = [go, "install", f"-ldflags={ldflags}", f"{package}@{version}"]
+    try:
+        done = run(cmd, timeout=INSTALL_SECONDS, env=env)
+    except subprocess.TimeoutExpired:
+        return f"`{shlex.join(cmd)}` ran over {INSTALL_SECONDS}s"
+    if done.returncode != 0:
+        return f"`{shlex.join(cmd)}` failed: {done.stderr.strip()[-1500:]}"
+    return None
+
+
+def helm_version(helm: str) -> str:
+    try:
+        done = run([helm, "version", "--template", "{{.Version}}"], timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """A helm v3 binary: from PATH, else the cached build, else built now."""
+    on_path = shutil.which("helm")
+    if on_path and helm_version(on_path).startswith("v3."):
+        return on_path
+    cached = str(tools_dir() / "helm")
+    if helm_version(cached) != HELM_VERSION:
+        why = go_install(HELM_PACKAGE, HELM_VERSION, HELM_LDFLAGS)
+        if why is not None:
+            pytest.skip(f"helm {HELM_VERSION} could not be installed: {why}")
+    if helm_version(cached) != HELM_VERSION:
+        pytest.skip(f"helm built into {cached} does not report {HELM_VERSION}")
+    return cached
+
+
+@pytest.fixture(scope="session")
+def kustomize() -> list[str]:
+    """The command that builds a kustomization directory given as its last argument."""
+    if found := shutil.which("kustomize"):
+        return [found, "build"]
+    if (kubectl := shutil.which("kubectl")) and run(
+        [kubectl, "kustomize", "--help"]
+    ).returncode == 0:
+        return [kubectl, "kustomize"]
+    cached = tools_dir() / "kustomize"
+    if not cached.exists():
+        why = go_install(KUSTOMIZE_PACKAGE, KUSTOMIZE_VERSION)
+        if why is not None:
+            pytest.skip(f"kustomize {KUSTOMIZE_VERSION} could not be installed: {why}")
+    return [str(cached), "build"]
+
+
+def kustomize_build(kustomize: list[str], directory: Path) -> list[Doc]:
+    done = run([*kustomize, str(directory)])
+    assert done.returncode == 0, f"kustomize build {directory} failed:\n{done.stderr}"
+    return load_docs(done.stdout)
+
+
+def helm_template(
+    helm: str, *args: str, release: str = PROVIDER, namespace: str = "kube-system"
+) -> subprocess.CompletedProcess[str]:
+    cmd = [helm, "template", release, str(CHART), "--namespace", namespace]
+    return run([*cmd, "--kube-version", KUBE_VERSION, *args])
+
+
+def helm_render(helm: str, *args: str, **kwargs: str) -> list[Doc]:
+    done = helm_template(helm, *args, **kwargs)
+    assert done.returncode == 0, f"helm template {shlex.join(args)} failed:\n{done.stderr}"
+    return load_docs(done.stdout)
+
+
+# --- a rendered set of objects and what must hold across them --------------------------
+
+
+@dataclass
+class Bundle:
+    docs: list[Doc]
+
+    def all(self, kind: str) -> list[Doc]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> Doc:
+        found = [d for d in self.all(kind) if d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    def provider(self) -> Doc:
+        found = [d for d in self.all("Deployment") if container_of(d)["name"] == PROVIDER]
+        assert len(found) == 1, f"expected one provider Deployment, found {len(found)}"
+        return found[0]
+
+    def certificate(self, usage: str) -> Doc:
+        found = [d for d in self.all("Certificate") if usage in d["spec"].get("usages", [])]
+        assert len(found) == 1, f"expected one Certificate for {usage}, found {len(found)}"
+        return found[0]
+
+
+def container_of(deployment: Doc) -> Doc:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "one container per pod"
+    result: Doc = containers[0]
+    return result
+
+
+def volume(deployment: Doc, name: str) -> Doc:
+    volumes: list[Doc] = deployment["spec"]["template"]["spec"]["volumes"]
+    (found,) = [v for v in volumes if v["name"] == name]
+    return found
+
+
+def mount_path(deployment: Doc, name: str) -> str:
+    (found,) = [
+        m["mountPath"] for m in container_of(deployment)["volumeMounts"] if m["name"] == name
+    ]
+    return str(found)
+
+
+def port_of(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def go_seconds(duration: str) -> float:
+    """Seconds in a Go duration made of h, m and s parts ("2160h", "1h30m")."""
+    parts = re.findall(r"([0-9.]+)(h|m|s)", duration)
+    assert "".join(n + u for n, u in parts) == duration, f"unsupported duration {duration!r}"
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def check_hardening(deployment: Doc) -> None:
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}, "two providers must never run at once"
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = container_of(deployment)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][bound]), bound
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] != "tmp")
+
+
+def check_probes(deployment: Doc, config: Doc) -> None:
+    container = container_of(deployment)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == port_of(config["metrics"]["listen"])
+    assert ports["grpc"] == port_of(config["listen"])
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+
+
+def provider_config(bundle: Bundle) -> Doc:
+    """The config file the provider Deployment mounts, parsed."""
+    deployment = bundle.provider()
+    config_map = bundle.get("ConfigMap", volume(deployment, "config")["configMap"]["name"])
+    args = container_of(deployment)["args"]
+    assert f"--config={mount_path(deployment, 'config')}" in args
+    parsed: Doc = yaml.safe_load(config_map["data"]["config.yaml"])
+    return parsed
+
+
+def check_config_paths(deployment: Doc, config: Doc) -> None:
+    """The config's TLS and token paths are the files the pod mounts."""
+    tls_dir = mount_path(deployment, "tls")
+    for key, file_name in TLS_FILES.items():
+        assert config["tls"][key] == f"{tls_dir}/{file_name}", f"tls.{key}"
+    token = volume(deployment, "token")["secret"]
+    (item,) = token["items"]
+    assert config["cloudscale"]["tokenFile"] == f"{mount_path(deployment, 'token')}/{item['path']}"
+
+
+def load_pod_config(config: Doc, tmp_path: Path) -> Config:
+    """Load `config` with the real loader, its in-pod files recreated under tmp_path:
+    a development PKI in cert-manager's Secret layout and a token file."""
+    local = json.loads(json.dumps(config))
+    pki = mint_dev_pki()
+    contents = {
+        "cert": pki.server.cert_pem(),
+        "key": pki.server.key_pem(),
+        "clientCA": pki.ca.cert_pem(),
+    }
+    for key, content in contents.items():
+        local["tls"][key] = str(_write_under(tmp_path, config["tls"][key], content))
+    token_file = _write_under(tmp_path, config["cloudscale"]["tokenFile"], b"test-token\n")
+    local["cloudscale"]["tokenFile"] = str(token_file)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(local), encoding="utf-8")
+    return load_config(config_file, env={})
+
+
+def _write_under(tmp_path: Path, pod_path: str, content: bytes) -> Path:
+    local = tmp_path / pod_path.lstrip("/")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(content)
+    local.chmod(0o600)
+    return local
+
+
+def check_service(bundle: Bundle) -> Doc:
+    deployment = bundle.provider()
+    (service,) = bundle.all("Service")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container_ports = {p["name"] for p in container_of(deployment)["ports"]}
+    assert (
+        {p["targetPort"] for p in service["spec"]["ports"]}
+        == container_ports
+        == {"grpc", "metrics"}
+    )
+    return service
+
+
+def cloud_config(bundle: Bundle) -> Doc:
+    found = [d for d in bundle.all("ConfigMap") if "cloud-config" in d.get("data", {})]
+    assert len(found) == 1, f"expected one cloud-config ConfigMap, found {len(found)}"
+    parsed: Doc = yaml.safe_load(found[0]["data"]["cloud-config"])
+    assert set(parsed) == CLOUD_CONFIG_KEYS
+    return parsed
+
+
+def check_cloud_config(bundle: Bundle, service: Doc) -> str:
+    """The address CA dials reaches the Service's gRPC port; returns its host."""
+    parsed = cloud_config(bundle)
+    host, _, port = parsed["address"].rpartition(":")
+    meta = service["metadata"]
+    assert host == f"{meta['name']}.{meta['namespace']}.svc"
+    grpc = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert int(port) == grpc[0]["port"]
+    cert_dir = parsed["cert"].rpartition("/")[0]
+    assert parsed["cert"] == f"{cert_dir}/tls.crt"
+    assert parsed["key"] == f"{cert_dir}/tls.key"
+    assert parsed["cacert"] == f"{cert_dir}/ca.crt"
+    assert go_seconds(parsed["grpc_timeout"]) > 5, "longer than CA's 5 s default"
+    return str(host)
+
+
+def check_certificates(bundle: Bundle, service: Doc, dialed_host: str, config: Doc) -> None:
+    server, client = bundle.certificate("server auth"), bundle.certificate("client auth")
+    assert server["spec"]["secretName"] == volume(bundle.provider(), "tls")["secret"]["secretName"]
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    fqdn = f"{name}.{namespace}.svc"
+    expected = {name, f"{name}.{namespace}", fqdn, f"{fqdn}.cluster.local"}
+    assert expected <= set(server["spec"]["dnsNames"])
+    assert dialed_host in server["spec"]["dnsNames"], "CA checks its ServerName against the SANs"
+    allowed = config["tls"].get("allowedClients") or [client["spec"]["commonName"]]
+    assert client["spec"]["commonName"] == CLIENT_CN and CLIENT_CN in allowed
+    for cert in bundle.all("Certificate"):
+        spec = cert["spec"]
+        assert go_seconds(spec["duration"]) > go_seconds(spec["renewBefore"]), cert["metadata"]
+    check_issuer_chain(bundle, server, client)
+
+
+def check_issuer_chain(bundle: Bundle, *leaves: Doc) -> None:
+    """Leaves <- CA Issuer <- its isCA Certificate <- a self-signed Issuer."""
+    (ca_issuer,) = {leaf["spec"]["issuerRef"]["name"] for leaf in leaves}
+    ca_secret = bundle.get("Issuer", ca_issuer)["spec"]["ca"]["secretName"]
+    (ca_cert,) = [c for c in bundle.all("Certificate") if c["spec"]["secretName"] == ca_secret]
+    assert ca_cert["spec"]["isCA"] is True
+    root = bundle.get("Issuer", ca_cert["spec"]["issuerRef"]["name"])
+    assert "selfSigned" in root["spec"]
+
+
+def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
+    """Everything that must hold for a rendered install (kustomize build or helm template)."""
+    assert_deserializes(docs, source)
+    bundle = Bundle(docs)
+    deployment = bundle.provider()
+    namespaces = {d["metadata"].get("namespace") for d in docs}
+    assert len(namespaces) == 1 and None not in namespaces, f"one namespace: {namespaces}"
+    check_hardening(deployment)
+    config = provider_config(bundle)
+    check_probes(deployment, config)
+    check_config_paths(deployment, config)
+    loaded = load_pod_config(config, tmp_path)
+    assert loaded.node_groups, "an example node group"
+    service = check_service(bundle)
+    host = check_cloud_config(bundle, service)
+    if bundle.all("Certificate"):
+        check_certificates(bundle, service, host, config)
+    return bundle
+
+
+# --- tests: every YAML file --------------------------------------------------------------
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(DEPLOY)) for p in paths]
+
+
+@pytest.mark.parametrize("path", yaml_files(), ids=_ids(yaml_files()))
+def test_yaml_file_parses_and_has_a_known_role(path: Path) -> None:
+    docs = read_docs(path)
+    assert docs, "no documents"
+    assert role_of(path) != "unknown", "every YAML file under deploy/ is checked for its role"
+
+
+MANIFEST_FILES = [p for p in yaml_files() if role_of(p) == "manifests"]
+
+
+@pytest.mark.parametrize("path", MANIFEST_FILES, ids=_ids(MANIFEST_FILES))
+def test_manifest_deserializes_into_kubernetes_objects(path: Path) -> None:
+    assert_deserializes(read_docs(path), str(path.relative_to(DEPLOY)))
+
+
+@pytest.mark.parametrize("path", kustomizations(), ids=_ids(kustomizations()))
+def test_kustomization_schema_and_references_exist(path: Path) -> None:
+    (doc,) = read_docs(path)
+    schema = COMPONENT if doc.get("kind") == "Component" else KUSTOMIZATION
+    assert check_shape(doc, schema, "") == []
+    missing = [
+        ref
+        for ref in [*doc.get("resources", []), *doc.get("components", [])]
+        if not (path.parent / ref).exists()
+    ]
+    missing += [
+        str(ref)
+        for ref in [*_kustomization_refs(path, "generated"), *_kustomization_refs(path, "patches")]
+        if not ref.is_file()
+    ]
+    assert missing == []
+
+
+def test_patches_name_an_object_of_the_base() -> None:
+    base_objects = {
+        (d["kind"], d["metadata"]["name"])
+        for k in kustomizations()
+        for ref in read_docs(k)[0].get("resources", [])
+        if (k.parent / ref).is_file()
+        for d in read_docs(k.parent / ref)
+    }
+    patches = [p for p in yaml_files() if role_of(p) == "patch"]
+    assert patches
+    for patch in patches:
+        for doc in read_docs(patch):
+            assert (doc["kind"], doc["metadata"]["name"]) in base_objects, patch
+
+
+PROVIDER_CONFIGS = [p for p in yaml_files() if role_of(p) == "provider-config"]
+
+
+@pytest.mark.parametrize("path", PROVIDER_CONFIGS, ids=_ids(PROVIDER_CONFIGS))
+def test_kustomize_config_loads_and_matches_the_base_deployment(path: Path, tmp_path: Path) -> None:
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    (deployment,) = read_docs(BASE / "deployment.yaml")
+    check_config_paths(deployment, config)
+    check_probes(deployment, config)
+    loaded = load_pod_config(config, tmp_path)
+    assert loaded.tls.allowed_clients == (CLIENT_CN,)
+    assert loaded.node_groups
+
+
+def test_deserialize_reports_unknown_and_mistyped_fields() -> None:
+    """The round trip catches what a bare deserialize would silently drop."""
+    (deployment,) = read_docs(BASE / "deployment.yaml")
+    assert deserialize(deployment) == []
+    container = container_of(deployment)
+    container["securityContext"]["readOnlyRootFileSystem"] = True
+    problems = deserialize(deployment)
+    assert any("readOnlyRootFileSystem: not a field" in p for p in problems), problems
+    del container["securityContext"]["readOnlyRootFileSystem"]
+    deployment["spec"]["template"]["metadata"]["annotations"]["x"] = False
+    assert any("annotations.x" in p for p in deserialize(deployment)), deserialize(deployment)
+    del deployment["spec"]["template"]["metadata"]["annotations"]["x"]
+    del container["name"]
+    assert any("V1Container\nname\n" in p for p in deserialize(deployment)), deserialize(deployment)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["spec"].pop("issuerRef"), "spec.issuerRef: required"),
+        (lambda c: c["spec"].update(usages=["server-auth"]), "is not one of"),
+        (lambda c: c["spec"].update(dnsNames=["Bad_Name"]), "does not match"),
+        (lambda c: c["spec"].update(duration="90d"), "does not match"),
+        (lambda c: c["spec"].update(isCa=True), "spec.isCa: unknown field"),
+    ],
+)
+def test_certificate_schema_rejects(mutate: Callable[[Doc], object], expected: str) -> None:
+    server = read_docs(BASE / "certificates.yaml")[0]
+    assert deserialize(server) == []
+    mutate(server)
+    assert any(expected in p for p in deserialize(server)), deserialize(server)
+
+
+@pytest.mark.parametrize(
+    ("duration", "seconds"), [("15s", 15), ("720h", 2_592_000), ("1h30m", 5400), ("0.5m", 30)]
+)
+def test_go_seconds(duration: str, seconds: float) -> None:
+    assert go_seconds(duration) == seconds
+
+
+def test_versions_match_the_project() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    assert chart["appVersion"] == project["version"]
+    (base,) = read_docs(BASE / "kustomization.yaml")
+    assert [i["newTag"] for i in base["images"]] == [project["version"]]
+
+
+# --- tests: kustomize builds -------------------------------------------------------------
+
+
+@NEEDS_TOOL
+def test_kustomize_base_builds_a_working_install(kustomize: list[str], tmp_path: Path) -> None:
+    bundle = check_bundle(kustomize_build(kustomize, BASE), tmp_path, "kustomize base")
+    assert bundle.all("ServiceMonitor") == [], "the base works without Prometheus Operator CRDs"
+    assert bundle.all("Secret") == [], "the token Secret is created by hand, never shipped"
+    assert {d["metadata"]["namespace"] for d in bundle.docs} == {"kube-system"}
+
+
+@NEEDS_TOOL
+def test_kustomize_overlay_builds_a_working_install(kustomize: list[str], tmp_path: Path) -> None:
+    bundle = check_bundle(kustomize_build(kustomize, OVERLAY), tmp_path, "kustomize overlay")
+    (monitor,) = bundle.all("ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    image = container_of(bundle.provider())["image"]
+    assert image.startswith("registry.example.com/") and image.endswith(":0.1.0")
+    config = provider_config(bundle)
+    assert config["cluster"] == "prod", "the overlay's config replaced the base's"
+
+
+# --- tests: the Helm chart -----------------------------------------------------------------
+
+HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "defaults": ([], {}),
+    "servicemonitor": (["--set", "serviceMonitor.enabled=true"], {}),
+    "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
+    "other-release": (
+        ["--set", "ports.grpc=9443", "--set", "grpcTimeout=30s", "--set", "config.cluster=prod"],
+        {"release": "autoscaler", "namespace": "autoscaling"},
+    ),
+}
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize(
+    "values", [[], ["--set", "serviceMonitor.enabled=true,certManager.enabled=false"]]
+)
+def test_helm_lint(helm: str, values: list[str]) -> None:
+    done = run([helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *values])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize("case", HELM_CASES)
+def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path: Path) -> None:
+    args, names = HELM_CASES[case]
+    bundle = check_bundle(helm_render(helm, *args, **names), tmp_path, f"helm {case}")
+    assert bool(bundle.all("ServiceMonitor")) == (case == "servicemonitor")
+    cert_manager = case != "no-cert-manager"
+    assert len(bundle.all("Certificate")) == (3 if cert_manager else 0)
+    assert len(bundle.all("Issuer")) == (2 if cert_manager else 0)
+    assert bundle.all("Secret") == []
+    annotations = bundle.provider()["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" in annotations, "a config change rolls the pod"
+
+
+@NEEDS_TOOL
+def test_helm_other_release_follows_names_and_values(helm: str) -> None:
+    args, names = HELM_CASES["other-release"]
+    bundle = Bundle(helm_render(helm, *args, **names))
+    parsed = cloud_config(bundle)
+    assert parsed["address"] == "autoscaler-cloudscale-autoscaler.autoscaling.svc:9443"
+    assert parsed["grpc_timeout"] == "30s"
+    assert provider_config(bundle)["listen"] == "0.0.0.0:9443"
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "config.listen=0.0.0.0:1"], "config.listen is set by the chart"),
+        (["--set", "config.cloudscale.tokenFile=/x"], "config.cloudscale.tokenFile is set by"),
+        (["--set", "config.metrics.listen=:1"], "config.metrics is set by the chart"),
+        (["--set", "certManager.client.commonName=someone"], "is not in tls.allowedClients"),
+        (["--set", "logFormat=xml"], "/logFormat"),
+        (["--set", "config.cluster=Not_A_Label"], "/config/cluster"),
+        (["--set", "grpcTimeout=15"], "/grpcTimeout"),
+    ],
+)
+def test_helm_rejects_bad_values_naming_them(helm: str, args: list[str], expected: str) -> None:
+    done = helm_template(helm, *args)
+    assert done.returncode != 0
+    assert expected in done.stderr, done.stderr
+
+
+def _comparable(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
+    """Objects by kind and name, the generated ConfigMap's hash suffix dropped."""
+    result = {}
+    for doc in docs:
+        name = re.sub(rf"^({PROVIDER}-config)-[a-z0-9]{{10}}$", r"\1", doc["metadata"]["name"])
+        result[(doc["kind"], name)] = doc
+    return result
+
+
+@NEEDS_TOOL
+def test_helm_and_kustomize_produce_the_same_objects(helm: str, kustomize: list[str]) -> None:
+    chart = _comparable(helm_render(helm, "--set", "serviceMonitor.enabled=true"))
+    kust = _comparable(kustomize_build(kustomize, OVERLAY))
+    assert chart.keys() == kust.keys()
+    for key in chart:
+        if key[0] in {"Certificate", "Issuer"}:
+            assert chart[key]["spec"] == kust[key]["spec"], key
+    for kind, field in (("Service", "ports"), ("ServiceMonitor", "endpoints")):
+        assert chart[(kind, PROVIDER)]["spec"][field] == kust[(kind, PROVIDER)]["spec"][field]
+    assert (
+        chart[("ConfigMap", f"{PROVIDER}-cloud-config")]["data"]
+        == kust[("ConfigMap", f"{PROVIDER}-cloud-config")]["data"]
+    )
+    helm_pod, kust_pod = (d[("Deployment", PROVIDER)]["spec"] for d in (chart, kust))
+    assert helm_pod["strategy"] == kust_pod["strategy"]
+    for field in ("securityContext", "automountServiceAccountToken", "serviceAccountName"):
+        assert helm_pod["template"]["spec"][field] == kust_pod["template"]["spec"][field], field
+    helm_c, kust_c = (
+        container_of(chart[("Deployment", PROVIDER)]),
+        container_of(kust[("Deployment", PROVIDER)]),
+    )
+    for field in ("args", "ports", "livenessProbe", "readinessProbe", "securityContext"):
+        assert helm_c[field] == kust_c[field], field
+    assert helm_c["volumeMounts"] == kust_c["volumeMounts"]
+
+
+# --- tests: the Cluster Autoscaler examples ---------------------------------------------
+
+
+@functools.cache
+def base_objects() -> Bundle:
+    docs = [
+        d for f in sorted(BASE.glob("*.yaml")) if role_of(f) == "manifests" for d in read_docs(f)
+    ]
+    return Bundle(docs)
+
+
+def client_secret_name() -> str:
+    return str(base_objects().certificate("client auth")["spec"]["secretName"])
+
+
+def cloud_config_name() -> str:
+    (found,) = [
+        d["metadata"]["name"]
+        for d in base_objects().all("ConfigMap")
+        if "cloud-config" in d["data"]
+    ]
+    return str(found)
+
+
+def cloud_config_cert_dir() -> str:
+    return str(cloud_config(base_objects())["cert"].rpartition("/")[0])
+
+
+def test_plain_cluster_autoscaler_example_mounts_the_provider_objects() -> None:
+    bundle = Bundle(read_docs(EXAMPLES / "cluster-autoscaler.yaml"))
+    (deployment,) = bundle.all("Deployment")
+    container = container_of(deployment)
+    flags = [*container.get("command", []), *container["args"]]
+    assert "--cloud-provider=externalgrpc" in flags
+    (cloud_config_path,) = [f.split("=", 1)[1] for f in flags if f.startswith("--cloud-config=")]
+    config_dir, _, key = cloud_config_path.rpartition("/")
+    assert key == "cloud-config"
+    config_volume = volume(deployment, _mount_named(deployment, config_dir))
+    assert config_volume["configMap"]["name"] == cloud_config_name()
+    secret_volume = volume(deployment, _mount_named(deployment, cloud_config_cert_dir()))
+    assert secret_volume["secret"]["secretName"] == client_secret_name()
+    reload = deployment["metadata"]["annotations"]["secret.reloader.stakater.com/reload"]
+    assert reload == client_secret_name()
+    (binding,) = bundle.all("ClusterRoleBinding")
+    assert (
+        binding["subjects"][0]["name"]
+        == deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+
+
+def _mount_named(deployment: Doc, path: str) -> str:
+    (name,) = [
+        m["name"] for m in container_of(deployment)["volumeMounts"] if m["mountPath"] == path
+    ]
+    return str(name)
+
+
+def test_helm_values_example_for_the_official_chart() -> None:
+    values = yaml.safe_load(
+        (EXAMPLES / "cluster-autoscaler-values.yaml").read_text(encoding="utf-8")
+    )
+    assert values["cloudProvider"] == "externalgrpc"
+    # The official chart renders no Deployment unless one of these is set.
+    assert values["autoDiscovery"]["clusterName"] or values.get("autoscalingGroups")
+    config_dir, _, key = values["extraArgs"]["cloud-config"].rpartition("/")
+    assert key == "cloud-config"
+    (mount,) = [m for m in values["extraVolumeMounts"] if m["mountPath"] == config_dir]
+    (config_volume,) = [v for v in values["extraVolumes"] if v["name"] == mount["name"]]
+    assert config_volume["configMap"]["name"] == cloud_config_name()
+    (secret,) = values["extraVolumeSecrets"].values()
+    assert secret == {"name": client_secret_name(), "mountPath": cloud_config_cert_dir()}
+    reload = values["deployment"]["annotations"]["secret.reloader.stakater.com/reload"]
+    assert reload == client_secret_name()
+
+
+def test_restart_cronjob_targets_the_example_deployment() -> None:
+    bundle = Bundle(read_docs(EXAMPLES / "cluster-autoscaler-restart-cronjob.yaml"))
+    (deployment,) = Bundle(read_docs(EXAMPLES / "cluster-autoscaler.yaml")).all("Deployment")
+    name = deployment["metadata"]["name"]
+    values = yaml.safe_load(
+        (EXAMPLES / "cluster-autoscaler-values.yaml").read_text(encoding="utf-8")
+    )
+    assert values["fullnameOverride"] == name
+    (role,) = bundle.all("Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": [name],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    (cronjob,) = bundle.all("CronJob")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"][-1] == f"deployment/{name}"
+    assert pod["serviceAccountName"] == bundle.all("ServiceAccount")[0]["metadata"]["name"]
+
+
+# --- tests: Dockerfile and build context ------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    logical, pending = [], ""
+    for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        pending += " " + stripped.removesuffix("\\").strip()
+        if not stripped.endswith("\\"):
+            logical.append(pending.strip())
+            pending = ""
+    assert not pending, "a continuation line ends the Dockerfile"
+    return [(w.upper(), rest.strip()) for w, _, rest in (i.partition(" ") for i in logical)]
+
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in dockerfile_instructions():
+        if instruction[0] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def test_dockerfile_builds_in_two_stages_from_python_slim() -> None:
+    instructions = dockerfile_instructions()
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim") in instructions
+    builder, final = dockerfile_stages()
+    assert builder[0] == ("FROM", "${PYTHON_IMAGE} AS builder")
+    assert final[0] == ("FROM", "${PYTHON_IMAGE}")
+    assert any(i == "RUN" and "pip wheel" in a for i, a in builder)
+    final_runs = " ".join(a for i, a in final if i == "RUN")
+    assert "--find-links=/wheels" in final_runs and "--no-index" in final_runs
+    for tool in ("apt-get", "gcc", "build-essential"):
+        assert tool not in final_runs, f"no build tools in the final image: {tool}"
+    assert all(i != "COPY" for i, _ in final), "the final stage takes only the wheels"
+
+
+def test_dockerfile_runtime_matches_the_manifests() -> None:
+    final = dict(dockerfile_stages()[-1][1:])
+    assert final["USER"].split(":")[0] == "10001"
+    assert json.loads(final["ENTRYPOINT"]) == ["cloudscale-autoscaler"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert "cloudscale-autoscaler" in project["scripts"]
+    cmd = json.loads(final["CMD"])
+    (deployment,) = read_docs(BASE / "deployment.yaml")
+    assert cmd == ["serve", "--config", mount_path(deployment, "config")]
+    exposed = {int(p) for p in final["EXPOSE"].split()}
+    assert exposed == {p["containerPort"] for p in container_of(deployment)["ports"]}
+    security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert int(final["USER"].split(":")[1]) == security["runAsGroup"]
+
+
+def dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as a regex: `*` and `?` stay within a path segment, `**`
+    spans segments."""
+    pattern = pattern.strip("/")
+    out = "(?:.*/)?" if pattern.startswith("**/") else ""
+    pattern = pattern.removeprefix("**/")
+    for token in re.split(r"(\*\*|\*|\?)", pattern):
+        out += {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(token, re.escape(token))
+    return re.compile(out)
+
+
+def build_context(root: Path, patterns: list[str]) -> set[str]:
+    """Files Docker sends for `docker build root` under these .dockerignore patterns: the last
+    pattern matching a path or one of its parents decides."""
+    rules = [(p.startswith("!"), dockerignore_regex(p.lstrip("!"))) for p in patterns]
+
+    def included(rel: str) -> bool:
+        parts = rel.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        keep = True
+        for negated, regex in rules:
+            if any(regex.fullmatch(prefix) for prefix in prefixes):
+                keep = negated
+        return keep
+
+    def reincludes_below(rel: str) -> bool:
+        return any(p.startswith("!") and p.lstrip("!").startswith(rel + "/") for p in patterns)
+
+    found: set[str] = set()
+    for directory, subdirs, files in os.walk(root):
+        rel_dir = os.path.relpath(directory, root)
+        base = "" if rel_dir == "." else rel_dir + "/"
+        subdirs[:] = [d for d in subdirs if included(base + d) or reincludes_below(base + d)]
+        found.update(base + f for f in files if included(base + f))
+    return found
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        ("pyproject.toml", True),
+        ("README.md", True),
+        ("src/pkg/mod.py", True),
+        ("src/pkg/__pycache__/mod.cpython-311.pyc", False),
+        ("src/pkg.egg-info/PKG-INFO", False),
+        (".venv/bin/python", False),
+        ("tests/test_x.py", False),
+        ("deploy/kustomize/base/config.yaml", False),
+        (".git/config", False),
+    ],
+)
+def test_build_context_filter(tmp_path: Path, path: str, sent: bool) -> None:
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text("x", encoding="utf-8")
+    assert (path in build_context(tmp_path, dockerignore_patterns())) is sent
+
+
+def test_build_context_holds_what_the_package_build_needs() -> None:
+    context = build_context(ROOT, dockerignore_patterns())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert {"pyproject.toml", project["readme"]} <= context
+    package = ROOT / "src" / "cloudscale_autoscaler"
+    needed = {
+        str(p.relative_to(ROOT))
+        for p in package.rglob("*")
+        if p.is_file() and p.suffix in {".py", ".pyi", ".typed"} and "__pycache__" not in p.parts
+    }
+    assert needed, "the package has sources"
+    assert needed <= context, sorted(needed - context)
+    assert {"src/cloudscale_autoscaler/protos/externalgrpc_pb2.py"} <= context
+    assert not [f for f in context if f.startswith(("tests/", ".venv", ".git/"))]

@@ -1090,14 +1090,34 @@ def test_token_file_readable_by_others_warns(
         load_config(path, env={})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        f"API token file {tmp_path}/secret/token is readable by group or others (mode 644); "
-        "chmod 600 it"
+        f"API token file {tmp_path}/secret/token is readable by others (mode 644); chmod 600 it"
     ]
     assert TOKEN not in caplog.text
 
 
-def test_private_token_file_does_not_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = with_token_file(tmp_path, TOKEN, mode=0o600)
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file a foreign group needs root")
+def test_token_file_readable_by_a_foreign_group_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = with_token_file(tmp_path, TOKEN, mode=0o640)
+    token = tmp_path / "secret/token"
+    foreign = max({os.getegid(), *os.getgroups()}) + 1
+    os.chown(token, -1, foreign)
+    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.config_loader"):
+        load_config(path, env={})
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"API token file {token} is readable by group {foreign}, which this process is not "
+        "in (mode 640); chmod 600 it"
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o440, 0o400])
+def test_private_or_own_group_token_file_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int
+) -> None:
+    # 0440 with our own group is how a Kubernetes Secret reaches a non-root container.
+    path = with_token_file(tmp_path, TOKEN, mode=mode)
     with caplog.at_level(logging.WARNING):
         load_config(path, env={})
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

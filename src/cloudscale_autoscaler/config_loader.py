@@ -252,13 +252,20 @@ def _token(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> tuple[str,
 
 
 def _warn_if_exposed(path: Path) -> None:
-    mode = path.stat().st_mode
-    if mode & 0o077:
-        log.warning(
-            "API token file %s is readable by group or others (mode %03o); chmod 600 it",
-            path,
-            mode & 0o777,
-        )
+    """Warn when users other than this process can read the token. Group read is fine when
+    the group is one of ours: that is how a Kubernetes Secret reaches a non-root container
+    (defaultMode 0440 with the pod's fsGroup)."""
+    info = path.stat()
+    mode = info.st_mode & 0o777
+    if mode & 0o007:
+        exposed_to = "others"
+    elif mode & 0o070 and info.st_gid not in {os.getegid(), *os.getgroups()}:
+        exposed_to = f"group {info.st_gid}, which this process is not in"
+    else:
+        return
+    log.warning(
+        "API token file %s is readable by %s (mode %03o); chmod 600 it", path, exposed_to, mode
+    )
 
 
 def _groups(top: Fields, cluster: str | None, base_dir: Path) -> tuple[NodeGroupConfig, ...]:

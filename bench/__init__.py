@@ -1,0 +1,1 @@
+"""The benchmark: `python -m bench` from the repository root (see bench/README.md)."""

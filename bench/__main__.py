@@ -1,0 +1,56 @@
+"""`python -m bench` (from the repository root): see bench/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from bench.plan import FULL, SMOKE
+from bench.report import markdown, plot
+from bench.run import run
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a small configuration (N=100, G=1, 2 loops): seconds, for CI",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=BENCH_DIR / "out",
+        help="where results.json, results.md, logs and builds go",
+    )
+    parser.add_argument(
+        "--no-results-md",
+        action="store_true",
+        help="do not copy the table to bench/RESULTS.md (a --smoke run never does)",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    report = run(SMOKE if args.smoke else FULL, out)
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (out / "results.md").write_text(table)
+    if not args.no_plot and plot(report, out / "loop.png"):
+        print(f"plot: {out / 'loop.png'}", file=sys.stderr)
+    if not args.smoke and not args.no_results_md:
+        shutil.copyfile(out / "results.md", BENCH_DIR / "RESULTS.md")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""The machine description, the targets, and the markdown (and optional PNG) of a run."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MB = 1_000_000
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _go_version() -> str:
+    try:
+        done = subprocess.run(
+            ["go", "version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages: a shared machine makes every figure noisier."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    from google.protobuf.internal import api_implementation
+
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+        "memory_bytes": _mem_total(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "go": _go_version(),
+        "grpcio": metadata.version("grpcio"),
+        "protobuf": f"{metadata.version('protobuf')} ({api_implementation.Type()})",
+        "load_average_at_start": load_average(),
+    }
+
+
+# ---- targets ------------------------------------------------------------------------------
+
+
+def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with the measured value and whether it is met (None: not measured)."""
+    out: list[dict[str, Any]] = []
+
+    def add(
+        name: str,
+        limit: str,
+        value: float | None,
+        fmt: Callable[[float], str],
+        ok: Callable[[float], bool],
+    ) -> None:
+        out.append(
+            {
+                "target": name,
+                "limit": limit,
+                "value": None if value is None else fmt(value),
+                "met": None if value is None else ok(value),
+            }
+        )
+
+    singles = {row["rpc"]: row["ratio"] for row in results["single_rpcs"]}
+    for rpc in ("NodeGroupForNode (own node)", "NodeGroupForNode (foreign node)", "GetOptions"):
+        add(
+            f"{rpc} per call vs Go reference",
+            "<= 1.5x",
+            singles.get(rpc),
+            lambda v: f"{v:.2f}x",
+            lambda v: v <= 1.5,
+        )
+    loop = _find(results["ca_loop"], size=5000, groups=10)
+    add(
+        "CA loop N=5,000 G=10: provider CPU per loop",
+        "<= 1.0 s",
+        None if loop is None else loop["provider_cpu_per_loop_s"],
+        lambda v: f"{v:.3f} s",
+        lambda v: v <= 1.0,
+    )
+    add(
+        "CA loop N=5,000 G=10: loop wall time (client's view)",
+        "(for reference)",
+        None if loop is None else loop["loop_mean_s"],
+        lambda v: f"{v:.3f} s",
+        lambda v: True,
+    )
+    ref = _find(results["refresh"], size=5000)
+    add(
+        "Refresh N=5,000 end to end",
+        "<= 250 ms",
+        None if ref is None else ref["mean_s"],
+        lambda v: f"{v * 1000:.0f} ms",
+        lambda v: v <= 0.25,
+    )
+    inc = results.get("increase")
+    add(
+        "IncreaseSize(delta=100) RPC returns",
+        "<= 100 ms",
+        None if inc is None else inc["rpc_s"],
+        lambda v: f"{v * 1000:.0f} ms",
+        lambda v: v <= 0.1,
+    )
+    over = None if inc is None else inc["over_ideal"]
+    add(
+        "IncreaseSize: all servers exist vs what the limits allow",
+        "<= +10%",
+        over,
+        lambda v: f"{v * 100:+.1f}%",
+        lambda v: v <= 0.10,
+    )
+    mem = _find(results["memory"], size=5000)
+    add(
+        "RSS at N=5,000",
+        "<= 200 MB",
+        None if mem is None else mem["rss_bytes"],
+        lambda v: f"{v / MB:.0f} MB",
+        lambda v: v <= 200 * MB,
+    )
+    return out
+
+
+# ---- markdown -----------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _mark(target: dict[str, Any]) -> str:
+    if target["value"] is None:
+        return "not measured"
+    if target["limit"].startswith("("):
+        return "info"
+    return "met" if target["met"] else "NOT met"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    r = report["results"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Run {report['started']} ({report['duration_s']:.0f} s) with `python -m bench`.",
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_bytes'] / 2**30:.1f} GiB "
+        f"memory, Linux {m['kernel']}; Python {m['python']}, {m['go']}; grpcio {m['grpcio']}, "
+        f"protobuf {m['protobuf']}. Load average (1/5/15 min) at the start "
+        f"{m['load_average_at_start']}, at the end {report['load_average_at_end']}.",
+        "",
+        "## Targets",
+        "",
+        *_table(
+            ["target", "limit", "measured", ""],
+            [[t["target"], t["limit"], t["value"] or "-", _mark(t)] for t in targets(r)],
+        ),
+        "",
+        "## a. CA loop (Go client, CA's call pattern; mean of the loops)",
+        "",
+        "Per loop: Refresh, NodeGroups, NodeGroupForNode per node (ours and static ones), "
+        "TargetSize + NodeGroupNodes + TemplateNodeInfo per group, GetOptions per managed "
+        "node. Times in ms; CPU = CPU time the process used per loop.",
+        "",
+        *_table(
+            [
+                "N",
+                "G",
+                "nodes",
+                "RPCs",
+                "loop wall",
+                "provider CPU",
+                "emulator CPU",
+                "Refresh",
+                "NodeGroupForNode",
+                "GetOptions",
+                "NodeGroupNodes",
+                "RSS MB",
+            ],
+            [
+                [
+                    str(x["size"]),
+                    str(x["groups"]),
+                    str(x["nodes"]),
+                    str(x["rpcs_per_loop"]),
+                    _ms(x["loop_mean_s"]),
+                    _ms(x["provider_cpu_per_loop_s"]),
+                    _ms(x["emulator_cpu_per_loop_s"]),
+                    _ms(x["phases_mean_s"]["Refresh"]),
+                    _ms(x["phases_mean_s"]["NodeGroupForNode"]),
+                    _ms(x["phases_mean_s"]["GetOptions"]),
+                    _ms(x["phases_mean_s"]["NodeGroupNodes"]),
+                    f"{x['provider_rss_bytes'] / MB:.0f}",
+                ]
+                for x in r["ca_loop"]
+            ],
+        ),
+        "",
+        "## b. Single RPCs, sequential (µs per call; ratios = ours / Go reference, same run)",
+        "",
+        *_table(
+            [
+                "RPC",
+                "ours mean",
+                "p50",
+                "p99",
+                "CPU/call",
+                "Go ref mean",
+                "p50",
+                "p99",
+                "CPU/call",
+                "ratio (mean)",
+                "ratio (p50)",
+                "ratio (CPU)",
+            ],
+            [
+                [
+                    x["rpc"],
+                    *_per_call(x["ours"]),
+                    *_per_call(x["goref"]),
+                    _ratio(x["ratio"]),
+                    _ratio(x["p50_ratio"]),
+                    _ratio(x["cpu_ratio"]),
+                ]
+                for x in r["single_rpcs"]
+            ],
+        ),
+        "",
+        "The Python floor: a bare grpc.aio server (`bench/pyref.py`: same answers, same mTLS, "
+        "no interceptors, no engine) measured in the same rounds.",
+        "",
+        *_table(
+            ["RPC", "floor mean", "p50", "p99", "CPU/call", "floor / Go ref", "ours / floor"],
+            [
+                [
+                    x["rpc"],
+                    *_per_call(x["pyref"]),
+                    _ratio(x["floor_ratio"]),
+                    _ratio(x["over_floor"]),
+                ]
+                for x in r["single_rpcs"]
+            ],
+        ),
+        "",
+        "## c. Refresh alone (ms; CPU per call, provider and emulator apart)",
+        "",
+        *_table(
+            ["N (ours)", "G", "calls", "mean", "min", "provider CPU", "emulator CPU"],
+            [
+                [
+                    str(x["size"]),
+                    str(x["groups"]),
+                    str(x["calls"]),
+                    _ms(x["mean_s"]),
+                    _ms(x["min_s"]),
+                    _ms(x["provider_cpu_per_call_s"]),
+                    _ms(x["emulator_cpu_per_call_s"]),
+                ]
+                for x in r["refresh"]
+            ],
+        ),
+        "",
+        *_increase_lines(r["increase"]),
+        "## e. Provider memory after Refresh and a CA loop",
+        "",
+        *_table(
+            ["N", "G", "RSS MB", "peak RSS MB"],
+            [
+                [
+                    str(x["size"]),
+                    str(x["groups"]),
+                    f"{x['rss_bytes'] / MB:.0f}",
+                    f"{x['peak_rss_bytes'] / MB:.0f}",
+                ]
+                for x in r["memory"]
+            ],
+        ),
+        "",
+        "Every stack also holds servers of another cluster (N/2) and untagged servers "
+        "(max(10, N/10), the static nodes CA asks about as foreign nodes).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _per_call(figures: dict[str, Any]) -> list[str]:
+    keys = ("mean_us", "p50_us", "p99_us", "cpu_per_call_us")
+    return [f"{figures[k]:.0f}" for k in keys]
+
+
+def _increase_lines(inc: dict[str, Any] | None) -> list[str]:
+    if inc is None:
+        return []
+    all_created = inc["all_created_s"]
+    return [
+        f"## d. IncreaseSize(delta={inc['delta']})",
+        "",
+        f"Emulator: {inc['create_latency_s']:g} s per create; server: maxConcurrentCreates "
+        f"{inc['max_concurrent_creates']}, requestsPerSecond {inc['requests_per_second']:g}.",
+        "",
+        *_table(
+            [
+                "RPC returned",
+                "RPC error",
+                "servers created",
+                "all exist after",
+                "limits allow",
+                "over",
+            ],
+            [
+                [
+                    _ms(inc["rpc_s"]) + " ms",
+                    inc["rpc_error"] or "-",
+                    str(inc["created"]),
+                    "-" if all_created is None else f"{all_created:.2f} s",
+                    f"{inc['ideal_s']:.2f} s",
+                    "-" if inc["over_ideal"] is None else f"{inc['over_ideal'] * 100:+.1f}%",
+                ]
+            ],
+        ),
+        "",
+    ]
+
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """Loop time against N per G, if matplotlib happens to be installed (not a dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    loops = report["results"]["ca_loop"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for groups in sorted({x["groups"] for x in loops}):
+        rows = sorted((x for x in loops if x["groups"] == groups), key=lambda x: x["size"])
+        sizes = [x["size"] for x in rows]
+        ax.plot(sizes, [x["loop_mean_s"] for x in rows], marker="o", label=f"wall, G={groups}")
+        ax.plot(
+            sizes,
+            [x["provider_cpu_per_loop_s"] for x in rows],
+            marker="x",
+            linestyle="--",
+            label=f"provider CPU, G={groups}",
+        )
+    ax.set_xlabel("servers N")
+    ax.set_ylabel("seconds per CA loop")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fixtures.emulator import TOKEN, RunningEmulator
 
@@ -534,3 +536,20 @@ async def test_timeout_is_unavailable(
     await emulator.admin.clear_faults()  # releases the requests still held by the latency
     assert "ReadTimeout" in caught.value.message
     assert calls_of(client) == [("list_images", "error")] * 2
+
+
+async def test_responses_are_freed_without_a_garbage_collection(emulator: RunningEmulator) -> None:
+    # A regression test: httpx's response <-> stream cycle kept every listing's body alive
+    # until a full collection, so memory grew with each Refresh at large N.
+    await emulator.admin.populate(200, {TAG_CLUSTER: "prod"})
+    async with CloudscaleClient(emulator.url, TOKEN) as client:
+        await client.list_servers("prod")  # warm up pools and caches
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(5):
+                assert len(await client.list_servers("prod")) == 200
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, httpx.Response))
+        finally:
+            gc.enable()
+    assert alive == 0

@@ -464,6 +464,10 @@ class CloudscaleClient:
             self._observe(operation, "error", time.monotonic() - started)
             raise
         self._observe(operation, str(response.status_code), time.monotonic() - started)
+        # httpx links a read response and its stream both ways; that cycle keeps the whole body
+        # (tens of MB for a large listing) alive until a full garbage collection. The body is
+        # read and the stream closed by now, so dropping the stream frees it on the last use.
+        response.stream = httpx.ByteStream(b"")
         return response
 
     async def _pause(

@@ -156,7 +156,7 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         put("zzz", value=1),
         [
             "zzz: unknown key; expected one of: cluster, listen, tls, cloudscale, metrics, "
-            "gpuLabel, placeholderExpiry, nodeGroups"
+            "gpuLabel, placeholderExpiry, increaseSizeWait, nodeGroups"
         ],
     ),
     (
@@ -216,6 +216,16 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         "placeholderExpiry integer",
         put("placeholderExpiry", value=900),
         ['placeholderExpiry: expected a duration string such as "15m", got integer 900'],
+    ),
+    (
+        "increaseSizeWait negative",
+        put("increaseSizeWait", value="-1s"),
+        ['increaseSizeWait: must be >= 0, got "-1s"'],
+    ),
+    (
+        "increaseSizeWait number",
+        put("increaseSizeWait", value=0.5),
+        ['increaseSizeWait: expected a duration string such as "50ms", got number 0.5'],
     ),
     (
         "no groups",

@@ -255,6 +255,9 @@ def server_config(tmp: Path, pki: Path, emulator_port: int, listen_port: int) ->
                 "clientCA": str(pki / "ca.crt"),
             },
             "cloudscale": {"url": f"http://127.0.0.1:{emulator_port}/v1", "tokenFile": "token"},
+            # The scenario expects an immediately rejected create to fail IncreaseSize; a
+            # generous wait keeps "immediately" true on a loaded machine (CA allows 5 s).
+            "increaseSizeWait": "3s",
             "nodeGroups": [group.config() for group in GROUPS],
         },
     )

@@ -133,15 +133,54 @@ async def test_placeholder_error_classes(
     ] == [(code, error_class)]
 
 
-async def test_every_creation_failing_returns_the_error_and_rolls_back(
+async def test_unknown_flavor_is_refused_before_any_create(stack: StackFactory) -> None:
+    s = await stack([group("workers", 0, 10, flavor="no-such-flavor")])
+    error = await rpc_error(increase(s, "workers", 3))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "flavor 'no-such-flavor' is not offered by the cloud" in (error.details() or "")
+    assert await s.target("workers") == 0
+    assert "create_server" not in await s.admin.stats()
+
+
+async def test_flavor_outside_the_zone_is_refused_before_any_create(stack: StackFactory) -> None:
+    # The emulator offers GPU flavors in rma1 only.
+    s = await stack([group("gpu", 0, 2, flavor="gpu2-128-16-1-200", zone="lpg1")])
+    error = await rpc_error(increase(s, "gpu", 1))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is not offered in zone 'lpg1' (only in: rma1)" in (error.details() or "")
+    assert await s.target("gpu") == 0
+
+
+async def test_every_creation_rejected_at_once_returns_the_error_and_rolls_back(
     stack: StackFactory,
 ) -> None:
-    s = await stack([group("workers", 0, 10, flavor="no-such-flavor")])
+    # A generous wait makes "at once" deterministic on a loaded machine.
+    s = await stack([group("workers", 0, 10)], increase_size_wait_seconds=10.0)
+    await s.admin.set_faults({"fail_next_creates": {"count": 3, "kind": "quota"}})
     error = await rpc_error(increase(s, "workers", 3))
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "rolled back" in (error.details() or "")
+    assert "Quota exceeded" in (error.details() or "")
     assert await s.target("workers") == 0
     assert await s.instances("workers") == []
+
+
+async def test_rejections_after_the_wait_become_placeholders(stack: StackFactory) -> None:
+    s = await stack([group("workers", 0, 10)], increase_size_wait_seconds=0.0)
+    await s.admin.set_faults(
+        {
+            "latency": {"create_server": {"fixed_ms": 200, "jitter_ms": 0}},
+            "fail_next_creates": {"count": 2, "kind": "quota"},
+        }
+    )
+    await increase(s, "workers", 2)  # returns before the API answers
+    assert await s.target("workers") == 2
+    await s.settle("workers")
+    failed = [i for i in await s.instances("workers") if i.status.errorInfo.errorCode]
+    assert [i.status.errorInfo.errorCode for i in failed] == ["QUOTA_EXCEEDED"] * 2
+    assert await s.target("workers") == 2  # until CA deletes the placeholders
+    await delete(s, "workers", [fake_node(i.id) for i in failed])
+    assert await s.target("workers") == 0
 
 
 async def test_increase_size_validation(stack: StackFactory) -> None:

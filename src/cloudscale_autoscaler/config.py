@@ -124,6 +124,9 @@ class Config:
     gpu_label: str = DEFAULT_GPU_LABEL
     # How long a failed creation stays listed as a placeholder instance (placeholderExpiry).
     placeholder_expiry_seconds: float = 900.0
+    # IncreaseSize returns an error (and undoes the bump) only for creations rejected within
+    # this wait; later failures reach CA as placeholders in NodeGroupNodes.
+    increase_size_wait_seconds: float = 0.05
 
     def group(self, name: str) -> NodeGroupConfig | None:
         for group in self.node_groups:

@@ -48,6 +48,7 @@ TOP_KEYS = (
     "metrics",
     "gpuLabel",
     "placeholderExpiry",
+    "increaseSizeWait",
     "nodeGroups",
 )
 TLS_KEYS = ("cert", "key", "clientCA", "allowedClients", "insecure")
@@ -60,6 +61,9 @@ CLOUDSCALE_KEYS = (
 )
 METRICS_KEYS = ("listen",)
 DEFAULT_PLACEHOLDER_EXPIRY = "15m"
+# How long IncreaseSize waits for its first creation's answer: long enough for the API to reject
+# a request outright (bad token, quota), short enough to return well inside CA's RPC timeout.
+DEFAULT_INCREASE_SIZE_WAIT = "50ms"
 # Server names are `<cluster>-<group>-<8 random characters>` and must be one host-name label.
 SERVER_NAME_SUFFIX = 8
 NO_TOKEN = f"no API token: set cloudscale.tokenFile or the {TOKEN_ENV} environment variable"
@@ -116,7 +120,12 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
     metrics = _metrics(top.section("metrics", METRICS_KEYS), listen if listen_known else None)
     gpu_label = top.string("gpuLabel") or DEFAULT_GPU_LABEL
     top.issues.check(top.at("gpuLabel"), qualified_name_error(gpu_label))
-    placeholder_expiry = _placeholder_expiry(top)
+    placeholder_expiry = _duration(
+        top, "placeholderExpiry", DEFAULT_PLACEHOLDER_EXPIRY, zero_allowed=False
+    )
+    increase_wait = _duration(
+        top, "increaseSizeWait", DEFAULT_INCREASE_SIZE_WAIT, zero_allowed=True
+    )
     return Config(
         cluster=cluster or "",
         node_groups=_groups(top, cluster, base_dir),
@@ -126,6 +135,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         metrics=metrics,
         gpu_label=gpu_label,
         placeholder_expiry_seconds=placeholder_expiry,
+        increase_size_wait_seconds=increase_wait,
     )
 
 
@@ -155,22 +165,22 @@ def _metrics(fields: Fields, listen: str | None) -> MetricsConfig:
     return MetricsConfig(listen=address)
 
 
-def _placeholder_expiry(top: Fields) -> float:
-    raw = top.raw("placeholderExpiry")
+def _duration(top: Fields, key: str, default: str, *, zero_allowed: bool) -> float:
+    """A top-level Go duration string, in seconds; the default's value when invalid."""
+    fallback = parse_go_duration(default)
+    raw = top.raw(key)
     if raw is None:
-        raw = DEFAULT_PLACEHOLDER_EXPIRY
+        return fallback
     if not isinstance(raw, str):
-        top.issues.add(
-            "placeholderExpiry", f'expected a duration string such as "15m", got {describe(raw)}'
-        )
-        return 900.0
+        top.issues.add(key, f'expected a duration string such as "{default}", got {describe(raw)}')
+        return fallback
     try:
         seconds = parse_go_duration(raw)
     except ValueError as exc:
-        top.issues.add("placeholderExpiry", str(exc))
-        return 900.0
-    if seconds <= 0:
-        top.issues.add("placeholderExpiry", f'must be > 0, got "{raw}"')
+        top.issues.add(key, str(exc))
+        return fallback
+    if seconds < 0 or (seconds == 0 and not zero_allowed):
+        top.issues.add(key, f'must be {">=" if zero_allowed else ">"} 0, got "{raw}"')
     return seconds
 
 

@@ -69,12 +69,25 @@ class Catalog:
         flavors = await self.flavors()
         flavor = flavors.get(group.flavor)
         if flavor is None:
-            known = ", ".join(sorted(flavors)) or "none"
-            raise FailedPrecondition(
-                f"node group {group.name}: flavor {group.flavor!r} is not offered by the cloud "
-                f"(known flavors: {known})"
-            )
+            raise FailedPrecondition(_unknown_flavor(group, flavors))
         return flavor
+
+    def creation_problem(self, group: NodeGroupConfig) -> str | None:
+        """Why the cloud would certainly refuse to create the group's servers, judged from the
+        flavors already fetched (no API call): an unknown flavor, or one the group's zone does
+        not offer. None when nothing is known against it."""
+        if self._flavors is None:
+            return None
+        flavor = self._flavors.get(group.flavor)
+        if flavor is None:
+            return _unknown_flavor(group, self._flavors)
+        if group.zone is not None and flavor.zones and group.zone not in flavor.zones:
+            offered = ", ".join(flavor.zones)
+            return (
+                f"node group {group.name}: flavor {group.flavor!r} is not offered in zone "
+                f"{group.zone!r} (only in: {offered})"
+            )
+        return None
 
     async def gpu_types(self) -> list[str]:
         """GPU types of the configured GPU flavors, spelled as the template's GPU label value
@@ -86,3 +99,11 @@ class Catalog:
             if flavor is not None and flavor.gpu is not None and flavor.gpu.count > 0:
                 types.add(gpu_label_value(flavor.gpu.name))
         return sorted(types)
+
+
+def _unknown_flavor(group: NodeGroupConfig, flavors: dict[str, Flavor]) -> str:
+    known = ", ".join(sorted(flavors)) or "none"
+    return (
+        f"node group {group.name}: flavor {group.flavor!r} is not offered by the cloud "
+        f"(known flavors: {known})"
+    )

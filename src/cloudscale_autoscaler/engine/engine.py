@@ -9,7 +9,7 @@ Design decisions (see group.py for how target size is counted):
   the engine tick at which they started; an older listing never overwrites a newer one, and
   creations/deletions are reconciled by uuid and request tag against the tick.
 - IncreaseSize bumps the target at once, starts creations in the background (bounded by
-  maxConcurrentCreates) and waits at most `increase_wait_seconds` for the verdict: the first
+  maxConcurrentCreates) and waits at most `increaseSizeWait` for the verdict: the first
   success, or every attempt failing. If all failed, the bump is rolled back and the error
   returned (bad token, invalid flavor); otherwise failures become placeholders.
 - DeleteNodes re-lists the cluster before deleting, so only servers that the cloud lists,
@@ -78,12 +78,10 @@ class Engine:
         cloud: Cloud,
         *,
         clock: Callable[[], float] = time.monotonic,
-        increase_wait_seconds: float = 1.5,
     ) -> None:
         self.config = config
         self._cloud = cloud
         self._clock = clock
-        self._increase_wait = increase_wait_seconds
         self._groups = {group.name: GroupState(group) for group in config.node_groups}
         self._catalog = Catalog(config, cloud)
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
@@ -294,6 +292,9 @@ class Engine:
             raise CloudUnavailable("shutting down: not starting new creations")
         await self._ensure_loaded(f"IncreaseSize {name}")
         # From here to the spawns there is no await: the max check and the bump are atomic.
+        problem = self._catalog.creation_problem(group.config)
+        if problem is not None:
+            raise FailedPrecondition(problem)
         self._expire(group)
         target = group.target()
         if target + delta > group.config.max_size:
@@ -335,7 +336,7 @@ class Engine:
 
     async def _verdict(self, group: GroupState, batch: Batch) -> None:
         try:
-            await asyncio.wait_for(batch.settled.wait(), self._increase_wait)
+            await asyncio.wait_for(batch.settled.wait(), self.config.increase_size_wait_seconds)
         except TimeoutError:
             return  # still in flight: slow creations report through NodeGroupNodes
         if not batch.all_failed:

@@ -13,7 +13,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.tools import cli, free_port
 
 pytestmark = pytest.mark.conformance
 
@@ -147,17 +147,6 @@ GROUPS = (
         options=GPU_OVERRIDES,
     ),
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cloudscale_autoscaler", *args]
 
 
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +20,7 @@ import grpc
 import httpx
 import pytest
 import yaml
-from fixtures.tools import INSTALL_TIMEOUT_SECONDS, cli, ensure_grpcurl, run_cli
+from fixtures.tools import INSTALL_TIMEOUT_SECONDS, cli, ensure_grpcurl, free_port, run_cli
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
@@ -46,13 +45,6 @@ GROUPS = [
 ]
 START_SECONDS = 30.0
 STOP_SECONDS = 15.0
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (the processes bind it themselves; see _start)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from fixtures.tls import (
     make_config,
     serving,
 )
+from fixtures.tools import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -239,18 +239,10 @@ async def test_graceful_stop_finishes_in_flight_rpcs(pki: PKI) -> None:
     assert len(reply.nodeGroups) == 2
 
 
-def _free_port() -> int:
-    # The config file does not accept port 0; take one the kernel just handed out.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _write_serve_config(pki: PKI, directory: Path, cloud_url: str) -> Path:
     config = {
         "cluster": "sigterm-test",
-        "listen": f"127.0.0.1:{_free_port()}",
+        "listen": f"127.0.0.1:{free_port()}",
         "tls": {
             "cert": str(pki.server_cert),
             "key": str(pki.server_key),

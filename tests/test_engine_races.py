@@ -110,7 +110,8 @@ async def test_deletion_outlives_a_cancelled_rpc(stack: StackFactory) -> None:
     request = pb.NodeGroupDeleteNodesRequest(id="workers", nodes=[node(uuids[0])])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await s.stub.NodeGroupDeleteNodes(request, timeout=0.3)
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # UNAVAILABLE: the service gives up just before the deadline (service/provider.py).
+    assert caught.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
     async def deleted() -> bool:
         return len(await s.admin.deletions()) == 1

@@ -28,7 +28,12 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
-from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.cloud.errors import (
+    AuthenticationError,
+    CloudError,
+    RateLimitedError,
+    UnavailableError,
+)
 from cloudscale_autoscaler.cloud.models import (
     TAG_CLUSTER,
     TAG_GROUP,
@@ -92,6 +97,8 @@ class Engine:
         self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        # Why the last listing failed, while the API is unreachable (cleared by a success).
+        self._api_down: str | None = None
         # Unix time of the last successful Refresh, for the metrics endpoint; 0 = never.
         self.last_refresh_unix = 0.0
 
@@ -143,10 +150,19 @@ class Engine:
         start = next(self._ticks)
         try:
             servers = await self._cloud.list_servers(self.config.cluster)
+        except asyncio.CancelledError:
+            # The caller's deadline ran out while the client was still retrying.
+            self._api_down = "no answer before the caller's deadline"
+            raise
         except CloudError as error:
+            problem = _api_problem(error)
+            if problem == API_UNREACHABLE:
+                self._api_down = str(error)
             raise CloudUnavailable(
-                f"{why}: listing the servers of cluster {self.config.cluster} failed: {error}"
+                f"{why}: {problem}: listing the servers of cluster {self.config.cluster} "
+                f"failed: {error}"
             ) from error
+        self._api_down = None
         self._apply_listing(servers, start)
 
     async def _ensure_loaded(self, why: str) -> None:
@@ -291,6 +307,13 @@ class Engine:
         if self._closing:
             raise CloudUnavailable("shutting down: not starting new creations")
         await self._ensure_loaded(f"IncreaseSize {name}")
+        if self._api_down is not None:
+            # Creations would only fail into placeholders once the client's retries run out:
+            # refuse now, target untouched (CA backs the group off and retries later).
+            raise CloudUnavailable(
+                f"IncreaseSize {name}: {API_UNREACHABLE} (the last listing failed: "
+                f"{self._api_down}); not creating servers, target size unchanged"
+            )
         # From here to the spawns there is no await: the max check and the bump are atomic.
         problem = self._catalog.creation_problem(group.config)
         if problem is not None:
@@ -507,6 +530,18 @@ class Engine:
             if creation.uuid == uuid:
                 del group.creations[request_id]
         log.info("group %s: deleted server %s", group.name, uuid)
+
+
+API_UNREACHABLE = "the cloudscale.ch API is unreachable"
+
+
+def _api_problem(error: CloudError) -> str:
+    """What a failed listing says about the API, for CA's log (it shows our message)."""
+    if isinstance(error, AuthenticationError):
+        return "the cloudscale.ch API rejected the token"
+    if isinstance(error, UnavailableError | RateLimitedError) or error.status is None:
+        return API_UNREACHABLE
+    return "the cloudscale.ch API refused the listing"
 
 
 def _unique(resolved: list[Resolved]) -> list[Resolved]:

@@ -7,6 +7,7 @@ with the engine's message (which CA logs) unchanged.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from typing import NoReturn, TypeVar
 
@@ -31,6 +32,9 @@ SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 
 Context = grpc.aio.ServicerContext[object, object]
 T = TypeVar("T")
+# How long before the caller's deadline cloud work is abandoned, leaving time to answer
+# (at most a tenth of the time the caller gave).
+DEADLINE_MARGIN_SECONDS = 0.3
 
 _CODES: dict[type[EngineError], grpc.StatusCode] = {
     GroupNotFound: grpc.StatusCode.NOT_FOUND,
@@ -56,9 +60,26 @@ async def _abort(context: Context, error: EngineError) -> NoReturn:
 
 async def _run(context: Context, call: Awaitable[T]) -> T:
     try:
-        return await call
+        return await _within_deadline(context, call)
     except EngineError as error:
         await _abort(context, error)
+
+
+async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
+    """Give up on cloud work shortly before the caller's deadline (CA: 5 s per RPC), so the
+    caller gets UNAVAILABLE with the reason instead of timing out blind while the client is
+    still retrying. Work the engine shields (deletions, creations) carries on regardless."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return await call
+    budget = remaining - min(DEADLINE_MARGIN_SECONDS, remaining / 10)
+    try:
+        return await asyncio.wait_for(call, budget)
+    except TimeoutError:
+        raise CloudUnavailable(
+            f"the cloudscale.ch API is unreachable: no answer within {budget:.1f} s, "
+            "given up to answer before the caller's deadline"
+        ) from None
 
 
 class CloudProviderService(pb_grpc.CloudProviderServicer):

@@ -51,6 +51,10 @@ class _UnaryWrapper(Interceptor):
     def wrap(self, method: str, behavior: Behavior) -> Behavior:
         raise NotImplementedError
 
+    def deserializer(self, deserialize: Any) -> Any:
+        """The request deserializer the wrapped handler uses (by default, the original)."""
+        return deserialize
+
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Handler:
@@ -64,7 +68,7 @@ class _UnaryWrapper(Interceptor):
         wrapped = grpc.unary_unary_rpc_method_handler(
             # The stubs type handlers for the sync server; under grpc.aio they are coroutines.
             self.wrap(method, cast(Behavior, handler.unary_unary)),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=self.deserializer(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
         self._wrapped[method] = (handler, wrapped)
@@ -208,3 +212,43 @@ class AllowedClientsInterceptor(_UnaryWrapper):
             f"client {who!r} (certificate CN {cns or '-'}, DNS SANs {sans or '-'}) "
             "is not in tls.allowedClients"
         )
+
+
+class _Undecodable:
+    """Stands in for request bytes that did not parse, so the handler can refuse them."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, whatever the parser raises
+            return _Undecodable(str(exc) or type(exc).__name__)
+
+    return parse
+
+
+class MalformedRequestInterceptor(_UnaryWrapper):
+    """Answers INVALID_ARGUMENT, naming the parse error, for request bytes that are no valid
+    message (corrupt wire format, a string field that is not UTF-8). Left to gRPC, a request
+    deserializer's exception becomes UNKNOWN "Unexpected <class DecodeError>", which reads as a
+    server crash. Innermost in the chain: the other interceptors pass the stand-in through."""
+
+    def deserializer(self, deserialize: Any) -> Any:
+        return None if deserialize is None else _lenient(deserialize)
+
+    def wrap(self, method: str, behavior: Behavior) -> Behavior:
+        async def checked(request: Any, context: Context) -> Any:
+            if isinstance(request, _Undecodable):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"malformed request message for {method}: {request.error}",
+                )
+            return await behavior(request, context)
+
+        return checked

@@ -29,6 +29,7 @@ from cloudscale_autoscaler.service.provider import SERVICE_NAME
 from cloudscale_autoscaler.transport.interceptors import (
     AllowedClientsInterceptor,
     Context,
+    MalformedRequestInterceptor,
     RequestLogInterceptor,
 )
 from cloudscale_autoscaler.transport.tls import DEFAULT_MIN_INTERVAL, ReloadingCredentials
@@ -147,7 +148,7 @@ async def start_server(
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
     server = grpc.aio.server(
-        interceptors=[*_interceptors(config), *interceptors],
+        interceptors=[*_interceptors(config), *interceptors, MalformedRequestInterceptor()],
         options=[*SERVER_OPTIONS, *extra_options],
     )
     pb_grpc.add_CloudProviderServicer_to_server(routes(servicer), server)  # type: ignore[no-untyped-call]

@@ -1,3 +1,8 @@
 """Shared fixtures live in tests/fixtures/, one module per area, loaded as plugins."""
 
-pytest_plugins = ["fixtures.tls", "fixtures.emulator", "fixtures.stack"]
+pytest_plugins = [
+    "fixtures.hypothesis_profiles",
+    "fixtures.tls",
+    "fixtures.emulator",
+    "fixtures.stack",
+]

@@ -1,0 +1,149 @@
+"""Graceful shutdown of `cloudscale-autoscaler serve` (a real process) with creations in
+flight: SIGTERM leaves no untagged server and loses no accounting. The next process, after
+a Refresh, counts exactly the servers the cloud holds with the group's tags.
+
+Creations are slowed to 2 s by the emulator so the signal lands while they are in flight
+(sent, or still queued behind maxConcurrentCreates); a second SIGTERM abandons them at once.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+from campaign.serve import start_serve, write_config
+from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.stack import wait_until
+from fixtures.tls import PKI, grpc_channel
+
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+
+CLUSTER = "shut"
+TIMEOUT = 10.0
+GROUP = {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
+         "image": "debian-12", "zone": "lpg1"}  # fmt: skip
+
+
+async def stub_call(address: str, pki: PKI, rpc: str, request: object) -> object:
+    async with grpc_channel(pki, address) as channel:
+        return await getattr(pb_grpc.CloudProviderStub(channel), rpc)(request, timeout=TIMEOUT)
+
+
+async def group_view(address: str, pki: PKI) -> tuple[int, set[str]]:
+    """(TargetSize, NodeGroupNodes ids) after a Refresh, as CA would read them."""
+    async with grpc_channel(pki, address) as channel:
+        stub = pb_grpc.CloudProviderStub(channel)
+        await stub.Refresh(pb.RefreshRequest(), timeout=TIMEOUT)
+        size = await stub.NodeGroupTargetSize(
+            pb.NodeGroupTargetSizeRequest(id="workers"), timeout=TIMEOUT
+        )
+        nodes = await stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id="workers"), timeout=TIMEOUT)
+    return size.targetSize, {i.id for i in nodes.instances}
+
+
+@pytest.mark.parametrize(
+    ("max_creates", "signals", "expected_servers"),
+    [(10, 1, 4), (1, 1, 1), (10, 2, None)],
+    ids=["in-flight-finish", "queued-dropped", "second-signal-abandons"],
+)
+async def test_sigterm_with_creations_in_flight(
+    tmp_path: Path,
+    pki: PKI,
+    emulator: RunningEmulator,
+    max_creates: int,
+    signals: int,
+    expected_servers: int | None,
+) -> None:
+    config = write_config(
+        tmp_path, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
+        cloudscale={"maxConcurrentCreates": max_creates},
+    )  # fmt: skip
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 2000}}})
+    first = await start_serve(config, log_level="info")
+    try:
+        await stub_call(first.address, pki, "Refresh", pb.RefreshRequest())
+        await stub_call(
+            first.address,
+            pki,
+            "NodeGroupIncreaseSize",
+            pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4),
+        )
+
+        async def creations_out() -> bool:
+            return (await emulator.admin.in_flight()).get("create_server", 0) == min(4, max_creates)
+
+        await wait_until(creations_out, 30, "creations did not reach the API")
+        first.process.send_signal(signal.SIGTERM)
+        if signals == 2:
+            await first.wait_for_output("received SIGTERM")
+            first.process.send_signal(signal.SIGTERM)
+        code = await first.stop(None, limit=60)
+    finally:
+        await first.kill()
+    assert code == (0 if signals == 1 else -signal.SIGTERM), first.output
+
+    # Let the API finish whatever reached it (an abandoned request still creates a server).
+    await emulator.admin.clear_faults()
+
+    async def api_idle() -> bool:
+        return not (await emulator.admin.in_flight()).get("create_server", 0)
+
+    await wait_until(api_idle, 30, "the API is still creating")
+    servers = await emulator.admin.servers()
+    for server in servers:
+        tags = server["tags"]
+        assert tags.get(TAG_CLUSTER) == CLUSTER and tags.get(TAG_GROUP) == "workers", server
+        assert tags.get(TAG_REQUEST), server
+    if expected_servers is not None:
+        assert len(servers) == expected_servers, first.output
+
+    second = await start_serve(config, log_level="info")
+    try:
+        size, ids = await group_view(second.address, pki)
+    finally:
+        await second.stop()
+    assert size == len(servers)
+    assert ids == {f"cloudscale://{s['uuid']}" for s in servers}
+
+
+async def test_sigterm_refuses_new_creations_while_draining(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    """Between SIGTERM and exit no new RPC is accepted (the server stops listening first), so
+    nothing new is created; the process exits 0 and the cloud holds what was started."""
+    config = write_config(tmp_path, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP])
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 2000}}})
+    serve = await start_serve(config, log_level="info")
+    try:
+        await stub_call(
+            serve.address,
+            pki,
+            "NodeGroupIncreaseSize",
+            pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2),
+        )
+        serve.process.send_signal(signal.SIGTERM)
+
+        async def not_serving() -> bool:
+            try:
+                await stub_call(
+                    serve.address,
+                    pki,
+                    "NodeGroupIncreaseSize",
+                    pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1),
+                )
+            except grpc.aio.AioRpcError as error:
+                return error.code() == grpc.StatusCode.UNAVAILABLE
+            return False
+
+        await wait_until(not_serving, 30, "the server kept accepting calls after SIGTERM")
+        code = await serve.stop(None, limit=60)
+    finally:
+        await serve.kill()
+    assert code == 0, serve.output
+    await emulator.admin.clear_faults()
+    servers = await emulator.admin.servers()
+    assert len(servers) == 2, serve.output

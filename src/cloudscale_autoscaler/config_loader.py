@@ -27,6 +27,7 @@ from cloudscale_autoscaler.config import (
 from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
 from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
 from cloudscale_autoscaler.configfile.yamlfile import YamlProblem, parse_yaml
+from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.validation import (
     LABEL_NAME_MAX,
@@ -64,8 +65,6 @@ DEFAULT_PLACEHOLDER_EXPIRY = "15m"
 # How long IncreaseSize waits for its first creation's answer: long enough for the API to reject
 # a request outright (bad token, quota), short enough to return well inside CA's RPC timeout.
 DEFAULT_INCREASE_SIZE_WAIT = "50ms"
-# Server names are `<cluster>-<group>-<8 random characters>` and must be one host-name label.
-SERVER_NAME_SUFFIX = 8
 NO_TOKEN = f"no API token: set cloudscale.tokenFile or the {TOKEN_ENV} environment variable"
 
 
@@ -311,12 +310,12 @@ def _groups(top: Fields, cluster: str | None, base_dir: Path) -> tuple[NodeGroup
 def _check_server_name_length(fields: Fields, cluster: str | None, group: str) -> None:
     if cluster is None or dns_label_error(group) is not None:
         return
-    length = len(cluster) + len(group) + SERVER_NAME_SUFFIX + 2
+    length = len(cluster) + len(group) + SUFFIX_LENGTH + 2
     if length > LABEL_NAME_MAX:
         fields.issues.add(
             fields.at("name"),
-            f'server names "{cluster}-{group}-<{SERVER_NAME_SUFFIX} chars>" would be {length} '
+            f'server names "{cluster}-{group}-<{SUFFIX_LENGTH} chars>" would be {length} '
             f"characters, more than the {LABEL_NAME_MAX} a host name label allows; shorten "
             f"the cluster or group name (together at most "
-            f"{LABEL_NAME_MAX - SERVER_NAME_SUFFIX - 2} characters)",
+            f"{LABEL_NAME_MAX - SUFFIX_LENGTH - 2} characters)",
         )

@@ -165,21 +165,12 @@ def _metrics(fields: Fields, listen: str | None) -> MetricsConfig:
 
 
 def _duration(top: Fields, key: str, default: str, *, zero_allowed: bool) -> float:
-    """A top-level Go duration string, in seconds; the default's value when invalid."""
-    fallback = parse_go_duration(default)
-    raw = top.raw(key)
-    if raw is None:
-        return fallback
-    if not isinstance(raw, str):
-        top.issues.add(key, f'expected a duration string such as "{default}", got {describe(raw)}')
-        return fallback
-    try:
-        seconds = parse_go_duration(raw)
-    except ValueError as exc:
-        top.issues.add(key, str(exc))
-        return fallback
+    """A top-level Go duration in seconds; the default's value when absent or invalid."""
+    seconds = top.duration(key, example=default)
+    if seconds is None:
+        return parse_go_duration(default)
     if seconds < 0 or (seconds == 0 and not zero_allowed):
-        top.issues.add(key, f'must be {">=" if zero_allowed else ">"} 0, got "{raw}"')
+        top.issues.add(key, f'must be {">=" if zero_allowed else ">"} 0, got "{top.raw(key)}"')
     return seconds
 
 

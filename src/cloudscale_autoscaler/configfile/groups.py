@@ -22,7 +22,6 @@ from cloudscale_autoscaler.validation import (
     TAINT_EFFECTS,
     dns_label_error,
     label_value_error,
-    parse_go_duration,
     placeholder_errors,
     qualified_name_error,
     uuid_error,
@@ -247,21 +246,9 @@ def _threshold(value: float) -> str | None:
 
 
 def _duration(fields: Fields, key: str) -> float | None:
-    raw = fields.raw(key)
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        fields.issues.add(
-            fields.at(key), f'expected a duration string such as "10m", got {describe(raw)}'
-        )
-        return None
-    try:
-        seconds = parse_go_duration(raw)
-    except ValueError as exc:
-        fields.issues.add(fields.at(key), str(exc))
-        return None
-    if seconds < 0:
-        fields.issues.add(fields.at(key), f'must not be negative, got "{raw}"')
+    seconds = fields.duration(key, example="10m")
+    if seconds is not None and seconds < 0:
+        fields.issues.add(fields.at(key), f'must not be negative, got "{fields.raw(key)}"')
         return None
     return seconds
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudscale_autoscaler.validation import unknown_key_reason
+from cloudscale_autoscaler.validation import parse_go_duration, unknown_key_reason
 
 # Keys printed bare in paths; anything else (dots, slashes) is quoted: labels["a.io/b"].
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -157,6 +157,22 @@ class Fields:
         if not self.issues.check(self.at(key), reason):
             return None
         return float(value)
+
+    def duration(self, key: str, example: str) -> float | None:
+        """A Go duration string ("90s", "1h30m") in seconds; None when absent or invalid
+        (reported). Range rules are the caller's."""
+        value = self._get(key, False)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            wanted = f'expected a duration string such as "{example}"'
+            self.issues.add(self.at(key), f"{wanted}, got {describe(value)}")
+            return None
+        try:
+            return parse_go_duration(value)
+        except ValueError as exc:
+            self.issues.add(self.at(key), str(exc))
+            return None
 
     def boolean(self, key: str) -> bool | None:
         value = self._get(key, False)

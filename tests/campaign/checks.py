@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from fixtures.stack import Stack
+from fixtures.stack import Stack, wait_until
 
 from campaign.world import call
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
@@ -196,15 +196,6 @@ async def check_step(stack: Stack, ledger: Ledger) -> None:
         await check_target_accounting(stack, ledger, group, servers)
 
 
-async def _wait(condition: Any, limit: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {limit} s: {what}")
-        await asyncio.sleep(0.05)
-
-
 async def check_converged(stack: Stack, ledger: Ledger, limit: float = 45.0) -> None:
     """With the faults off: after the creations in flight finish and a Refresh, every group's
     target equals the servers the cloud holds for it plus its placeholders, the instances are
@@ -223,8 +214,8 @@ async def check_converged(stack: Stack, ledger: Ledger, limit: float = 45.0) -> 
         deleting = any(in_flight(stack, group).deleting for group in ledger.groups)
         return outcome.ok and not deleting and not any(creations_in_flight(stack).values())
 
-    await _wait(lingering_gone, limit, "slow deletions to finish")
-    await _wait(nothing_in_flight, limit, f"work in flight: {creations_in_flight(stack)}")
+    await wait_until(lingering_gone, limit, "slow deletions to finish")
+    await wait_until(nothing_in_flight, limit, f"work in flight: {creations_in_flight(stack)}")
     servers = await admin.servers()
     for group in ledger.groups:
         size = await target(stack, group)

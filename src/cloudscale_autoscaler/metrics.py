@@ -135,11 +135,8 @@ class HealthServer:
         app.router.add_get("/readyz", self._serve_readyz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else port
+        await web.TCPSite(self._runner, host, port).start()
+        self.port = int(self._runner.addresses[0][1])  # the bound port, when `port` was 0
         log.info("metrics and health endpoint on http://%s:%d", host, self.port)
 
     async def stop(self) -> None:

@@ -203,7 +203,7 @@ async def _show_groups_and_template(ca: DemoClient, timeline: Timeline) -> None:
     timeline.say(f"instance-type {instance_type}, zone {zone}; nodeBytes == nodeInfo: {same}")
 
 
-async def _scale_up_from_zero(ca: DemoClient, timeline: Timeline) -> list[pb.Instance]:
+async def _scale_up_from_zero(ca: DemoClient, timeline: Timeline) -> None:
     timeline.step("Scale up from zero: NodeGroupIncreaseSize(workers, +2)")
     await ca.refresh()
     timeline.say(f"target before: {await ca.target('workers')}")
@@ -216,7 +216,6 @@ async def _scale_up_from_zero(ca: DemoClient, timeline: Timeline) -> list[pb.Ins
     instances = await ca.wait_for("workers", lambda found: _running(found) >= 2)
     for instance in instances:
         timeline.say(_instance_line(instance))
-    return instances
 
 
 async def _failed_creation(ca: DemoClient, admin: httpx.AsyncClient, timeline: Timeline) -> None:

@@ -59,7 +59,7 @@ def in_flight(stack: Stack, group: str) -> InFlight:
     state = stack.provider.service.engine._groups[group]
     return InFlight(
         frozenset(c.request_id for c in state.pending_creations() if c.uuid is None),
-        frozenset(u for u in state.deleting if u in state.servers and u not in state.deleted),
+        frozenset(u for u in state.deleting if u in state.servers),
     )
 
 

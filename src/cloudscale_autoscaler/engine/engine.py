@@ -141,9 +141,8 @@ class Engine:
     async def refresh(self) -> None:
         await self._sync_inventory("Refresh")
         await self._catalog.refresh()
-        now = self._clock()
         for group in self._groups.values():
-            group.expire_placeholders(now, self.config.placeholder_expiry_seconds)
+            self._expire(group)
         self.last_refresh_unix = time.time()
 
     async def _sync_inventory(self, why: str) -> None:

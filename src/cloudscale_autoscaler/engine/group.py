@@ -102,7 +102,7 @@ class GroupState:
 
     def deletions_in_flight(self) -> int:
         """Servers still counted whose deletion is under way."""
-        return sum(1 for uuid in self.deleting if uuid in self.servers and uuid not in self.deleted)
+        return sum(1 for uuid in self.deleting if uuid in self.servers)
 
     # --- the cloud's view -------------------------------------------------------------------
 

@@ -89,6 +89,3 @@ class Recent:
 
     def __contains__(self, item: object) -> bool:
         return item in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)

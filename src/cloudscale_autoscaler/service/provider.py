@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import any_pb2
 
 from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.engine.engine import Engine
+from cloudscale_autoscaler.engine.engine import API_UNREACHABLE, Engine
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,
     EngineError,
@@ -77,14 +77,13 @@ async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
         return await asyncio.wait_for(call, budget)
     except TimeoutError:
         raise CloudUnavailable(
-            f"the cloudscale.ch API is unreachable: no answer within {budget:.1f} s, "
+            f"{API_UNREACHABLE}: no answer within {budget:.1f} s, "
             "given up to answer before the caller's deadline"
         ) from None
 
 
 class CloudProviderService(pb_grpc.CloudProviderServicer):
     def __init__(self, config: Config, engine: Engine) -> None:
-        self._config = config
         # Public for the app's wiring (metrics, readiness).
         self.engine = engine
         self._node_groups = pb.NodeGroupsResponse(

@@ -71,9 +71,6 @@ class RunningServer:
         await self.server.stop(grace)
         log.info("gRPC server stopped")
 
-    async def wait_for_termination(self) -> None:
-        await self.server.wait_for_termination()
-
 
 def _unimplemented(name: str) -> Any:
     message = f"{name} is not implemented by cloudscale-autoscaler"

@@ -546,6 +546,16 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         ],
     ),
     (
+        # Kubelet reads ASCII digits only; such a value once passed here and then broke the
+        # template RPC.
+        "eviction percentage in non-ASCII digits",
+        group(kubelet={"evictionHard": {"memory.available": "\u0661\u0660%"}}),
+        [
+            f'{K}.evictionHard["memory.available"]: invalid percentage "\u0661\u0660%": '
+            "expected a number followed by %, such as 10%"
+        ],
+    ),
+    (
         "eviction value",
         group(kubelet={"evictionHard": {"nodefs.available": "ten"}}),
         [

@@ -17,6 +17,7 @@ from cloudscale_autoscaler.template.quantity import (
     QuantityFormat,
     canonical,
     format_quantity,
+    parse_percent,
     parse_quantity,
     parse_quantity_format,
 )
@@ -242,3 +243,17 @@ def test_binary_multiples_keep_a_binary_suffix(multiple: tuple[int, int]) -> Non
     text = format_quantity(Fraction(number * 1024**power), "BinarySI")
     assert text[-2:] in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
     assert parse_quantity(text) == number * 1024**power
+
+
+@pytest.mark.parametrize(
+    ("text", "percent"),
+    [("10%", Fraction(10)), ("7.5%", Fraction(15, 2)), (".5%", Fraction(1, 2)), ("10.%", 10)],
+)
+def test_parse_percent(text: str, percent: Fraction) -> None:
+    assert parse_percent(text) == percent
+
+
+@pytest.mark.parametrize("text", ["\u0661\u0660%", "%", "10", "-1%", "1e2%", "10 %"])
+def test_parse_percent_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid percentage"):
+        parse_percent(text)

@@ -15,7 +15,7 @@ from fractions import Fraction
 from urllib.parse import urlsplit
 
 from cloudscale_autoscaler.engine.userdata import PLACEHOLDERS
-from cloudscale_autoscaler.template.quantity import parse_quantity
+from cloudscale_autoscaler.template.quantity import parse_percent, parse_quantity
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -25,7 +25,6 @@ _HOSTNAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
 )
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-_PERCENT = re.compile(r"(\d+(\.\d+)?|\.\d+)%")
 
 LABEL_NAME_MAX = 63
 SUBDOMAIN_MAX = 253
@@ -162,9 +161,11 @@ def nonnegative_quantity_error(value: str) -> str | None:
 def threshold_error(value: str) -> str | None:
     """An eviction threshold: a non-negative quantity or a percentage from 0% to 100%."""
     if value.endswith("%"):
-        if not _PERCENT.fullmatch(value):
-            return f'invalid percentage "{value}": expected a number followed by %, such as 10%'
-        if Fraction(value[:-1]) > 100:
+        try:
+            percent = parse_percent(value)
+        except ValueError as exc:
+            return str(exc)
+        if percent > 100:
             return f'invalid percentage "{value}": must be between 0% and 100%'
         return None
     if quantity_error(value) is not None:

@@ -28,13 +28,17 @@ Kubelet semantics reproduced:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import KubeletConfig
-from cloudscale_autoscaler.template.quantity import QuantityFormat, format_quantity, parse_quantity
+from cloudscale_autoscaler.template.quantity import (
+    QuantityFormat,
+    format_quantity,
+    parse_percent,
+    parse_quantity,
+)
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -63,7 +67,6 @@ DEFAULT_EVICTION_HARD: tuple[tuple[str, str], ...] = (
 
 # Eviction signals that reserve part of a resource in allocatable.
 _SIGNAL_RESOURCE = {"memory.available": MEMORY, "nodefs.available": EPHEMERAL_STORAGE}
-_PERCENT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)%")
 _DISABLED_THRESHOLDS = ("0%", "100%")
 
 
@@ -90,12 +93,16 @@ def threshold_amount(signal: str, value: str, capacity: Fraction) -> Fraction:
     if value in _DISABLED_THRESHOLDS:
         return Fraction(0)
     if value.endswith("%"):
-        if not _PERCENT.fullmatch(value) or Fraction(value[:-1]) > 100:
+        try:
+            percent = parse_percent(value)
+        except ValueError:
+            percent = None
+        if percent is None or percent > 100:
             raise ValueError(
                 f'evictionHard {signal}: invalid percentage "{value}": '
                 "expected a number from 0 to 100 followed by %, such as 10%"
             )
-        return Fraction(int(capacity * Fraction(value[:-1]) / 100))
+        return Fraction(int(capacity * percent / 100))
     try:
         amount = parse_quantity(value)
     except ValueError as exc:

@@ -115,6 +115,20 @@ def parse_quantity(text: str) -> Fraction:
     return parse_quantity_format(text)[0]
 
 
+# Kubelet's eviction percentages ("10%", "7.5%"), in ASCII digits like quantities.
+_PERCENT_RE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)%")
+
+
+def parse_percent(text: str) -> Fraction:
+    """The number of percent in "10%" (any size: the caller bounds it); ValueError if no
+    percentage. The one grammar that config validation and the template both apply."""
+    if not _PERCENT_RE.fullmatch(text):
+        raise ValueError(
+            f'invalid percentage "{text}": expected a number followed by %, such as 10%'
+        )
+    return Fraction(text[:-1])
+
+
 def format_quantity(value: Fraction | int, fmt: QuantityFormat) -> str:
     """The canonical string Go's resource.Quantity.String() prints for this value and format."""
     value = _round_up_to_nano(Fraction(value))

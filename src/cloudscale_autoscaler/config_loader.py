@@ -26,7 +26,12 @@ from cloudscale_autoscaler.config import (
 )
 from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
 from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
-from cloudscale_autoscaler.configfile.yamlfile import YamlProblem, parse_yaml
+from cloudscale_autoscaler.configfile.yamlfile import (
+    FileProblem,
+    YamlProblem,
+    parse_yaml,
+    read_text,
+)
 from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.validation import (
@@ -219,8 +224,10 @@ def _cloudscale(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> Cloud
         url=url.rstrip("/"),
         token=token,
         token_file=token_file,
-        timeout_seconds=30.0 if timeout is None else timeout,
-        max_concurrent_creates=10 if creates is None else creates,
+        timeout_seconds=CloudscaleConfig.timeout_seconds if timeout is None else timeout,
+        max_concurrent_creates=CloudscaleConfig.max_concurrent_creates
+        if creates is None
+        else creates,
         requests_per_second=fields.number("requestsPerSecond", _positive),
     )
 
@@ -236,12 +243,9 @@ def _token(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> tuple[str,
         return token, None
     path = resolve(base_dir, written)
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        fields.issues.add(at, f"cannot read {path}: {exc.strerror or exc}")
-        return "", path
-    except UnicodeDecodeError:
-        fields.issues.add(at, f"cannot read {path}: not UTF-8 text")
+        token = read_text(path).strip()
+    except FileProblem as problem:
+        fields.issues.add(at, str(problem))
         return "", path
     if not token:
         fields.issues.add(at, f"{path} is empty")

@@ -143,19 +143,12 @@ def parse_go_duration(value: str) -> float:
     return float(sign * total)
 
 
-def quantity_error(value: str) -> str | None:
+def nonnegative_quantity_error(value: str) -> str | None:
     try:
-        parse_quantity(value)
+        amount = parse_quantity(value)
     except ValueError:
         return f'invalid quantity "{value}": expected a Kubernetes quantity such as 512Mi'
-    return None
-
-
-def nonnegative_quantity_error(value: str) -> str | None:
-    reason = quantity_error(value)
-    if reason is None and parse_quantity(value) < 0:
-        return f'invalid quantity "{value}": must not be negative'
-    return reason
+    return f'invalid quantity "{value}": must not be negative' if amount < 0 else None
 
 
 def threshold_error(value: str) -> str | None:
@@ -168,12 +161,14 @@ def threshold_error(value: str) -> str | None:
         if percent > 100:
             return f'invalid percentage "{value}": must be between 0% and 100%'
         return None
-    if quantity_error(value) is not None:
+    try:
+        amount = parse_quantity(value)
+    except ValueError:
         return (
             f'invalid threshold "{value}": expected a quantity such as 100Mi '
             "or a percentage such as 10%"
         )
-    return nonnegative_quantity_error(value)
+    return f'invalid quantity "{value}": must not be negative' if amount < 0 else None
 
 
 def did_you_mean(key: str, allowed: Iterable[str]) -> str | None:

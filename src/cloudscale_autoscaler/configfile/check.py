@@ -14,6 +14,7 @@ from pathlib import Path
 from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig
+from cloudscale_autoscaler.config_loader import TOKEN_ENV
 from cloudscale_autoscaler.validation import uuid_error
 
 EXIT_OK = 0
@@ -60,7 +61,7 @@ def _token_line(config: Config) -> str:
     # Where the token came from, never the token.
     if config.cloudscale.token_file is not None:
         return f"from file {config.cloudscale.token_file}"
-    return "from the CLOUDSCALE_API_TOKEN environment variable"
+    return f"from the {TOKEN_ENV} environment variable"
 
 
 def group_line(group: NodeGroupConfig) -> str:
@@ -129,8 +130,9 @@ def catalogue_errors(
             errors.append(
                 f'{at}.flavor: unknown flavor "{group.flavor}" (known: {_known(list(by_flavor))})'
             )
-        image = None if _custom_image(group.image) else by_image.get(group.image)
-        if image is None and not _custom_image(group.image):
+        custom = _custom_image(group.image)
+        image = None if custom else by_image.get(group.image)
+        if image is None and not custom:
             errors.append(
                 f'{at}.image: unknown image "{group.image}" (known: {_known(list(by_image))})'
             )

@@ -66,6 +66,10 @@ INT32_MAX = 2**31 - 1  # sizes travel as int32 in the externalgrpc protocol
 T = TypeVar("T")
 
 
+# A group's optional fields default to the dataclass's defaults, the one place they are set.
+DEFAULTS = NodeGroupConfig
+
+
 def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
     name = fields.string("name", required=True)
     if name is not None:
@@ -78,12 +82,14 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
         flavor=fields.string("flavor", required=True) or "",
         image=fields.string("image", required=True) or "",
         zone=fields.string("zone"),
-        volume_size_gb=_or(fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB), 10),
+        volume_size_gb=_or(
+            fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB), DEFAULTS.volume_size_gb
+        ),
         ssh_keys=fields.strings("sshKeys"),
         server_groups=_server_groups(fields),
-        use_public_network=_or(fields.boolean("usePublicNetwork"), True),
-        use_private_network=_or(fields.boolean("usePrivateNetwork"), False),
-        use_ipv6=_or(fields.boolean("useIPv6"), True),
+        use_public_network=_or(fields.boolean("usePublicNetwork"), DEFAULTS.use_public_network),
+        use_private_network=_or(fields.boolean("usePrivateNetwork"), DEFAULTS.use_private_network),
+        use_ipv6=_or(fields.boolean("useIPv6"), DEFAULTS.use_ipv6),
         user_data=_user_data(fields, base_dir),
         tags=_tags(fields),
         labels=_labels(fields),

@@ -7,6 +7,7 @@ every problem found, each as `<path>: <reason>`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 DEFAULT_LISTEN = "0.0.0.0:8086"
@@ -90,6 +91,35 @@ class AutoscalingOptions:
     allow_non_atomic_scale_up_to_max: bool | None = None
 
 
+# The `network` of an interface on the public network, as the API spells it.
+PUBLIC_NETWORK = "public"
+
+
+@dataclass(frozen=True)
+class NetworkInterface:
+    """One entry of a group's `interfaces`: the public network, or a private network given by
+    UUID or by name (resolved through the API) with an optional subnet UUID."""
+
+    network: str  # PUBLIC_NETWORK, a network UUID or a network name
+    subnet: str | None = None
+
+    @property
+    def public(self) -> bool:
+        return self.network == PUBLIC_NETWORK
+
+
+@dataclass(frozen=True)
+class PricingConfig:
+    """Prices per hour in `currency`: per flavor slug, and per GB of root volume."""
+
+    currency: str
+    flavors: tuple[tuple[str, Decimal], ...]
+    volume_gb: Decimal = Decimal(0)
+
+    def flavor(self, slug: str) -> Decimal | None:
+        return dict(self.flavors).get(slug)
+
+
 @dataclass(frozen=True)
 class NodeGroupConfig:
     name: str
@@ -104,6 +134,9 @@ class NodeGroupConfig:
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
+    # The API's `interfaces` (exclusive with use_public_network/use_private_network); None =
+    # the use_* flags decide.
+    interfaces: tuple[NetworkInterface, ...] | None = None
     # The user-data template (file contents already read); placeholders validated at load.
     user_data: str | None = None
     tags: tuple[tuple[str, str], ...] = ()
@@ -127,6 +160,8 @@ class Config:
     # IncreaseSize returns an error (and undoes the bump) only for creations rejected within
     # this wait; later failures reach CA as placeholders in NodeGroupNodes.
     increase_size_wait_seconds: float = 0.05
+    # Prices for CA's price expander; None = both pricing RPCs answer UNIMPLEMENTED.
+    pricing: PricingConfig | None = None
 
     def group(self, name: str) -> NodeGroupConfig | None:
         for group in self.node_groups:

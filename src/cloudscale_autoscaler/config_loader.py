@@ -25,6 +25,7 @@ from cloudscale_autoscaler.config import (
     TLSConfig,
 )
 from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
+from cloudscale_autoscaler.configfile.pricing import check_group_prices, parse_pricing
 from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
 from cloudscale_autoscaler.configfile.yamlfile import (
     FileProblem,
@@ -55,6 +56,7 @@ TOP_KEYS = (
     "gpuLabel",
     "placeholderExpiry",
     "increaseSizeWait",
+    "pricing",
     "nodeGroups",
 )
 TLS_KEYS = ("cert", "key", "clientCA", "allowedClients", "insecure")
@@ -130,9 +132,12 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
     increase_wait = _duration(
         top, "increaseSizeWait", DEFAULT_INCREASE_SIZE_WAIT, zero_allowed=True
     )
+    pricing = parse_pricing(top)
+    groups = _groups(top, cluster, base_dir)
+    check_group_prices(top, pricing, groups)
     return Config(
         cluster=cluster or "",
-        node_groups=_groups(top, cluster, base_dir),
+        node_groups=groups,
         listen=listen,
         tls=tls,
         cloudscale=cloudscale,
@@ -140,6 +145,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         gpu_label=gpu_label,
         placeholder_expiry_seconds=placeholder_expiry,
         increase_size_wait_seconds=increase_wait,
+        pricing=pricing,
     )
 
 

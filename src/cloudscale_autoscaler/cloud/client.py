@@ -36,17 +36,21 @@ from cloudscale_autoscaler.cloud.models import (
     TAG_REQUEST,
     Flavor,
     Image,
+    Network,
     Region,
     Server,
     ServerSpec,
+    Subnet,
 )
 from cloudscale_autoscaler.cloud.parse import (
     decode,
     parse_flavors,
     parse_images,
+    parse_networks,
     parse_regions,
     parse_server,
     parse_servers,
+    parse_subnets,
 )
 from cloudscale_autoscaler.cloud.ratelimit import (
     ConcurrencyLimit,
@@ -265,6 +269,14 @@ class CloudscaleClient:
         response = await self._call("list_regions", "GET", "regions")
         return self._decode(response, "list_regions", parse_regions)
 
+    async def list_networks(self) -> list[Network]:
+        response = await self._call("list_networks", "GET", "networks")
+        return self._decode(response, "list_networks", parse_networks)
+
+    async def list_subnets(self) -> list[Subnet]:
+        response = await self._call("list_subnets", "GET", "subnets")
+        return self._decode(response, "list_subnets", parse_subnets)
+
     # ---- flavors cache ----------------------------------------------------------------------
 
     async def _fetch_flavors(self) -> list[Flavor]:
@@ -293,11 +305,15 @@ class CloudscaleClient:
             "flavor": spec.flavor,
             "image": spec.image,
             "volume_size_gb": spec.volume_size_gb,
-            "use_public_network": spec.use_public_network,
-            "use_private_network": spec.use_private_network,
             "use_ipv6": spec.use_ipv6,
             "tags": tags,
         }
+        # The API refuses `interfaces` together with the use_*_network flags.
+        if spec.interfaces is not None:
+            body["interfaces"] = [interface.to_json() for interface in spec.interfaces]
+        else:
+            body["use_public_network"] = spec.use_public_network
+            body["use_private_network"] = spec.use_private_network
         # Optional fields are omitted rather than sent empty/null (the API rejects a null
         # ssh_keys; omitting means "none", as cloudscale's own SDKs do).
         if spec.zone:

@@ -47,6 +47,38 @@ class Region:
 
 
 @dataclass(frozen=True, slots=True)
+class Network:
+    """A private network: it lives in one zone and holds the subnets listed."""
+
+    uuid: str
+    name: str
+    zone: str = ""
+    subnets: tuple[str, ...] = ()  # subnet uuids
+
+
+@dataclass(frozen=True, slots=True)
+class Subnet:
+    uuid: str
+    cidr: str = ""
+    network_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class InterfaceRequest:
+    """One entry of a create request's `interfaces`: network "public" or a network uuid, and
+    optionally the subnet the API assigns the address from."""
+
+    network: str
+    subnet: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"network": self.network}
+        if self.subnet is not None:
+            body["addresses"] = [{"subnet": self.subnet}]
+        return body
+
+
+@dataclass(frozen=True, slots=True)
 class Server:
     uuid: str
     name: str
@@ -71,6 +103,8 @@ class ServerSpec:
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
+    # Sent instead of use_public_network/use_private_network when not None.
+    interfaces: tuple[InterfaceRequest, ...] | None = None
     user_data: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
 

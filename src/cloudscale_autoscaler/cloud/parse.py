@@ -15,7 +15,15 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from cloudscale_autoscaler.cloud.errors import CloudError
-from cloudscale_autoscaler.cloud.models import Flavor, Gpu, Image, Region, Server
+from cloudscale_autoscaler.cloud.models import (
+    Flavor,
+    Gpu,
+    Image,
+    Network,
+    Region,
+    Server,
+    Subnet,
+)
 
 T = TypeVar("T")
 
@@ -160,3 +168,48 @@ def parse_region(raw: Any, operation: str = "") -> Region:
 
 def parse_regions(body: Any, operation: str = "") -> list[Region]:
     return [parse_region(raw, operation) for raw in _as_list(body, "regions", operation)]
+
+
+def _required_uuid(raw: Any, what: str, operation: str) -> str:
+    if not isinstance(raw, dict):
+        raise _malformed(what, f"expected a JSON object, got {type(raw).__name__}", operation)
+    uuid = raw.get("uuid")
+    if not uuid or not isinstance(uuid, str):
+        raise _malformed(what, "missing uuid", operation)
+    return uuid
+
+
+def _uuids(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(i["uuid"] for i in raw if isinstance(i, dict) and isinstance(i.get("uuid"), str))
+
+
+def parse_network(raw: Any, operation: str = "") -> Network:
+    uuid = _required_uuid(raw, "network", operation)
+    zone = raw.get("zone")
+    return Network(
+        uuid=uuid,
+        name=str(raw.get("name") or ""),
+        zone=str(zone.get("slug") or "") if isinstance(zone, dict) else "",
+        subnets=_uuids(raw.get("subnets")),
+    )
+
+
+def parse_networks(body: Any, operation: str = "") -> list[Network]:
+    return [parse_network(raw, operation) for raw in _as_list(body, "networks", operation)]
+
+
+def parse_subnet(raw: Any, operation: str = "") -> Subnet:
+    uuid = _required_uuid(raw, "subnet", operation)
+    network = raw.get("network")
+    network_uuid = network.get("uuid") if isinstance(network, dict) else None
+    return Subnet(
+        uuid=uuid,
+        cidr=str(raw.get("cidr") or ""),
+        network_uuid=network_uuid if isinstance(network_uuid, str) else "",
+    )
+
+
+def parse_subnets(body: Any, operation: str = "") -> list[Subnet]:
+    return [parse_subnet(raw, operation) for raw in _as_list(body, "subnets", operation)]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cloudscale_autoscaler.cloud.models import Flavor, Image, Region, Server, ServerSpec
+from cloudscale_autoscaler.cloud.models import (
+    Flavor,
+    Image,
+    Network,
+    Region,
+    Server,
+    ServerSpec,
+    Subnet,
+)
 
 
 class Cloud(Protocol):
@@ -27,5 +35,11 @@ class Cloud(Protocol):
     async def list_images(self) -> list[Image]: ...
 
     async def list_regions(self) -> list[Region]: ...
+
+    async def list_networks(self) -> list[Network]:
+        """The project's private networks (the public network is not listed)."""
+        ...
+
+    async def list_subnets(self) -> list[Subnet]: ...
 
     async def aclose(self) -> None: ...

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
 from cloudscale_autoscaler.config import AutoscalingOptions, NodeGroupConfig, Taint
+from cloudscale_autoscaler.configfile.interfaces import parse_interfaces
 from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS, parse_kubelet
 from cloudscale_autoscaler.configfile.reader import (
     Fields,
@@ -40,6 +41,7 @@ GROUP_KEYS = (
     "usePublicNetwork",
     "usePrivateNetwork",
     "useIPv6",
+    "interfaces",
     "userData",
     "tags",
     "labels",
@@ -90,6 +92,7 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
         use_public_network=_or(fields.boolean("usePublicNetwork"), DEFAULTS.use_public_network),
         use_private_network=_or(fields.boolean("usePrivateNetwork"), DEFAULTS.use_private_network),
         use_ipv6=_or(fields.boolean("useIPv6"), DEFAULTS.use_ipv6),
+        interfaces=parse_interfaces(fields),
         user_data=_user_data(fields, base_dir),
         tags=_tags(fields),
         labels=_labels(fields),

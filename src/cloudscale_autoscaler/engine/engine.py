@@ -38,6 +38,7 @@ from cloudscale_autoscaler.cloud.models import (
     TAG_CLUSTER,
     TAG_GROUP,
     TAG_REQUEST,
+    InterfaceRequest,
     Server,
     ServerSpec,
 )
@@ -59,6 +60,7 @@ from cloudscale_autoscaler.engine.group import (
     RemovePlaceholder,
     Resolved,
 )
+from cloudscale_autoscaler.engine.networks import NetworkResolver
 from cloudscale_autoscaler.engine.providerid import (
     format_provider_id,
     parse_server_uuid,
@@ -89,6 +91,7 @@ class Engine:
         self._clock = clock
         self._groups = {group.name: GroupState(group) for group in config.node_groups}
         self._catalog = Catalog(config, cloud)
+        self._networks = NetworkResolver(cloud)
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
         self._ticks = itertools.count(1)
         self._applied_start = 0  # start tick of the listing the inventory comes from
@@ -313,6 +316,7 @@ class Engine:
                 f"IncreaseSize {name}: {API_UNREACHABLE} (the last listing failed: "
                 f"{self._api_down}); not creating servers, target size unchanged"
             )
+        interfaces = await self._networks.interfaces(group.config)
         # From here to the spawns there is no await: the max check and the bump are atomic.
         problem = self._catalog.creation_problem(group.config)
         if problem is not None:
@@ -324,7 +328,7 @@ class Engine:
                 f"increasing node group {name} by {delta} would exceed its maxSize "
                 f"{group.config.max_size} (target size is {target})"
             )
-        specs = self._new_specs(group, delta)
+        specs = self._new_specs(group, delta, interfaces)
         batch = Batch(delta)
         for server_spec in specs:
             self._start_creation(group, batch, server_spec)
@@ -333,7 +337,12 @@ class Engine:
         )
         await self._verdict(group, batch)
 
-    def _new_specs(self, group: GroupState, count: int) -> list[ServerSpec]:
+    def _new_specs(
+        self,
+        group: GroupState,
+        count: int,
+        interfaces: tuple[InterfaceRequest, ...] | None = None,
+    ) -> list[ServerSpec]:
         """`count` create requests with names unique in the group (listed or in flight)."""
         cluster = self.config.cluster
         in_flight = {c.name for c in group.creations.values()}
@@ -345,7 +354,8 @@ class Engine:
                 chosen.append(name)
         try:
             return [
-                spec.build_spec(cluster, group.config, name, names.request_id()) for name in chosen
+                spec.build_spec(cluster, group.config, name, names.request_id(), interfaces)
+                for name in chosen
             ]
         except UserDataError as error:
             raise FailedPrecondition(f"node group {group.name}: {error}") from error

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, ServerSpec
+from cloudscale_autoscaler.cloud.models import (
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_REQUEST,
+    InterfaceRequest,
+    ServerSpec,
+)
 from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.engine import userdata
 
@@ -24,8 +30,15 @@ def render_user_data(cluster: str, group: NodeGroupConfig, name: str) -> str | N
     return userdata.render(group.user_data, values)
 
 
-def build_spec(cluster: str, group: NodeGroupConfig, name: str, request_id: str) -> ServerSpec:
-    """Raises userdata.UserDataError if the group's template cannot be rendered."""
+def build_spec(
+    cluster: str,
+    group: NodeGroupConfig,
+    name: str,
+    request_id: str,
+    interfaces: tuple[InterfaceRequest, ...] | None = None,
+) -> ServerSpec:
+    """Raises userdata.UserDataError if the group's template cannot be rendered.
+    `interfaces` are the group's interfaces with network names resolved to UUIDs."""
     tags = dict(group.tags)
     # Identity tags last: they win over anything in the group's own tags.
     tags.update(identity_tags(cluster, group.name, request_id))
@@ -40,6 +53,7 @@ def build_spec(cluster: str, group: NodeGroupConfig, name: str, request_id: str)
         use_public_network=group.use_public_network,
         use_private_network=group.use_private_network,
         use_ipv6=group.use_ipv6,
+        interfaces=interfaces,
         user_data=render_user_data(cluster, group, name),
         tags=tags,
     )

@@ -20,6 +20,7 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import (
     images_body,
     regions_body,
 )
+from cloudscale_autoscaler.cloud.emulator.networks import networks_json, subnets_json
 from cloudscale_autoscaler.cloud.emulator.records import ServerRecord
 from cloudscale_autoscaler.cloud.emulator.responses import (
     NOT_FOUND,
@@ -72,6 +73,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/images", list_images, name="list_images")
     app.router.add_get("/v1/regions", list_regions, name="list_regions")
     app.router.add_get("/v1/server-groups", list_server_groups, name="list_server_groups")
+    app.router.add_get("/v1/networks", list_networks, name="list_networks")
+    app.router.add_get("/v1/subnets", list_subnets, name="list_subnets")
 
 
 def is_api_path(path: str) -> bool:
@@ -279,3 +282,11 @@ async def list_server_groups(request: web.Request) -> web.Response:
             for group in SERVER_GROUPS.values()
         ]
     )
+
+
+async def list_networks(request: web.Request) -> web.Response:
+    return json_value(networks_json(request.app[STATE].base))
+
+
+async def list_subnets(request: web.Request) -> web.Response:
+    return json_value(subnets_json(request.app[STATE].base))

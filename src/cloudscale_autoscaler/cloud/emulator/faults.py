@@ -25,6 +25,8 @@ ENDPOINTS: frozenset[str] = frozenset(
         "list_images",
         "list_regions",
         "list_server_groups",
+        "list_networks",
+        "list_subnets",
         "*",
     }
 )

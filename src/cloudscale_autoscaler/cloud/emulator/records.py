@@ -24,6 +24,7 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import (
     encode,
     href,
 )
+from cloudscale_autoscaler.cloud.emulator.networks import Attached
 
 # Host numbers wrap within the /16 subnets; addresses are decoration, never looked up.
 _HOSTS_PER_SUBNET = 65_000
@@ -43,6 +44,7 @@ class ServerRecord:
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
+    interfaces: tuple[Attached, ...] | None = None  # from the request; None: use_* flags
     ssh_keys: tuple[str, ...] = ()
     server_groups: tuple[ServerGroupSpec, ...] = ()
     tags: dict[str, str] = field(default_factory=dict)
@@ -99,16 +101,12 @@ class ServerRecord:
         }
 
     def _interfaces(self, base: str) -> list[dict[str, Any]]:
+        if self.interfaces is not None:
+            return [self._requested(base, attached) for attached in self.interfaces]
         interfaces: list[dict[str, Any]] = []
         host = self.seq % _HOSTS_PER_SUBNET
         if self.use_public_network:
-            v4 = PUBLIC_V4[self.zone]
-            addresses = [self._address(base, v4, host + 2, v4.address(1))]
-            if self.use_ipv6:
-                # One /64 per server inside the zone's /48, like a routed prefix.
-                v6 = PUBLIC_V6[self.zone]
-                addresses.append(self._address(base, v6, ((host + 1) << 64) + 1, "fe80::1", 64))
-            interfaces.append({"type": "public", "network": v4.stub(base), "addresses": addresses})
+            interfaces.append(self._public(base))
         if self.use_private_network:
             net = PRIVATE[self.zone]
             addresses = [self._address(base, net, host + 10, None)]
@@ -116,6 +114,34 @@ class ServerRecord:
                 {"type": "private", "network": net.stub(base), "addresses": addresses}
             )
         return interfaces
+
+    def _public(self, base: str) -> dict[str, Any]:
+        host = self.seq % _HOSTS_PER_SUBNET
+        v4 = PUBLIC_V4[self.zone]
+        addresses = [self._address(base, v4, host + 2, v4.address(1))]
+        if self.use_ipv6:
+            # One /64 per server inside the zone's /48, like a routed prefix.
+            v6 = PUBLIC_V6[self.zone]
+            addresses.append(self._address(base, v6, ((host + 1) << 64) + 1, "fe80::1", 64))
+        return {"type": "public", "network": v4.stub(base), "addresses": addresses}
+
+    def _requested(self, base: str, attached: Attached) -> dict[str, Any]:
+        if attached.network is None:
+            return self._public(base)
+        addresses = []
+        subnet = attached.subnet
+        if subnet is not None:
+            addresses.append(
+                {
+                    "version": 4,
+                    "address": attached.address or subnet.address(self.seq),
+                    "prefix_length": subnet.net.prefixlen,
+                    "gateway": subnet.gateway,
+                    "reverse_ptr": self.name,
+                    "subnet": subnet.stub(base),
+                }
+            )
+        return {"type": "private", "network": attached.network.stub(base), "addresses": addresses}
 
     def _address(
         self,

@@ -138,6 +138,7 @@ class EmulatorState:
             use_public_network=new.use_public_network,
             use_private_network=new.use_private_network,
             use_ipv6=new.use_ipv6,
+            interfaces=new.interfaces,
             ssh_keys=new.ssh_keys,
             server_groups=new.server_groups,
             tags=dict(new.tags),

@@ -25,6 +25,7 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import (
     ImageSpec,
     ServerGroupSpec,
 )
+from cloudscale_autoscaler.cloud.emulator.networks import Attached, validate_interfaces
 
 REQUIRED = "This field is required."
 NOT_NULL = "This field may not be null."
@@ -41,9 +42,9 @@ _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
 
 class FieldErrors(Exception):
-    """400 with a DRF body: {"field": ["message", ...]}."""
+    """400 with a DRF body: {"field": ["message", ...]} (nested for `interfaces`)."""
 
-    def __init__(self, errors: dict[str, list[str]]) -> None:
+    def __init__(self, errors: dict[str, list[Any]]) -> None:
         self.errors = errors
         super().__init__(str(errors))
 
@@ -76,6 +77,7 @@ class NewServer:
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
+    interfaces: tuple[Attached, ...] | None = None  # None: the use_* flags decide
     user_data: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     status: str | None = None  # admin API only
@@ -91,7 +93,7 @@ class _Checker:
                 {"non_field_errors": [f"Invalid data. Expected a dictionary, but got {kind}."]}
             )
         self.body: dict[str, Any] = body
-        self.errors: dict[str, list[str]] = {}
+        self.errors: dict[str, list[Any]] = {}
 
     def fail(self, key: str, message: str) -> None:
         self.errors.setdefault(key, []).append(message)
@@ -209,6 +211,9 @@ def validate_create(
     if image is not None and zone and zone not in image.zones:
         check.fail("image", f"Image {image.slug} is not available in zone {zone}.")
     groups = _server_groups(check, zone, members)
+    interface_errors, interfaces = validate_interfaces(check.body, zone)
+    if interface_errors:
+        check.errors["interfaces"] = interface_errors
     status = None
     if allow_status:
         status = check.string("status")
@@ -220,6 +225,7 @@ def validate_create(
         "use_public_network": check.boolean("use_public_network", True),
         "use_private_network": check.boolean("use_private_network", False),
         "use_ipv6": check.boolean("use_ipv6", True),
+        "interfaces": interfaces,
         "user_data": _user_data(check),
         "tags": check.tags() or {},
     }

@@ -1,0 +1,93 @@
+"""A node group's `interfaces:` list: which networks its servers are attached to.
+
+Each entry is `public` (or `{network: public}`) or a private network `{network: <uuid or
+name>, subnet: <uuid>}` with the subnet optional. Addresses are always assigned by the API: a
+fixed address would be the same for every server of the group. The API refuses `interfaces`
+together with `use_public_network`/`use_private_network`, and so does the loader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloudscale_autoscaler.config import PUBLIC_NETWORK, NetworkInterface
+from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item
+from cloudscale_autoscaler.validation import uuid_error
+
+ENTRY_KEYS = ("network", "subnet")
+# The API's own keys for fixed addresses, refused with a reason rather than "unknown key".
+_ADDRESS_KEYS = ("address", "addresses")
+EXCLUSIVE_KEYS = ("usePublicNetwork", "usePrivateNetwork")
+NO_FIXED_ADDRESS = (
+    "fixed addresses are not supported: every server of the group would get the same "
+    "address; the API assigns one from the subnet"
+)
+
+
+def parse_interfaces(group: Fields) -> tuple[NetworkInterface, ...] | None:
+    """The group's interfaces, None when not given. Problems are recorded in group.issues."""
+    entries = group.sequence("interfaces")
+    if entries is None:
+        return None
+    at = group.at("interfaces")
+    given = [key for key in EXCLUSIVE_KEYS if group.present(key)]
+    if given:
+        group.issues.add(
+            at,
+            f"cannot be combined with {' and '.join(given)} (the API refuses both in one "
+            "request): describe the public network as an entry `public` instead",
+        )
+    if not entries:
+        group.issues.add(at, "must contain at least one interface (or leave interfaces out)")
+    parsed: list[tuple[int, NetworkInterface]] = []
+    for index, raw in enumerate(entries):
+        entry = _entry(group.issues, item(at, index), raw)
+        if entry is not None:
+            parsed.append((index, entry))
+    _check_duplicates(group.issues, at, parsed)
+    return tuple(entry for _, entry in parsed)
+
+
+def _entry(issues: Issues, path: str, raw: Any) -> NetworkInterface | None:
+    if raw == PUBLIC_NETWORK:
+        return NetworkInterface(PUBLIC_NETWORK)
+    if not isinstance(raw, dict):
+        issues.add(
+            path,
+            f'expected "public" or a mapping {{network: UUID or name, subnet: UUID}}, '
+            f"got {describe(raw)}",
+        )
+        return None
+    for key in _ADDRESS_KEYS:
+        if key in raw:
+            issues.add(f"{path}.{key}", NO_FIXED_ADDRESS)
+    rest = {key: value for key, value in raw.items() if key not in _ADDRESS_KEYS}
+    fields = Fields(issues, path, rest, ENTRY_KEYS)
+    network = fields.string("network", required=True)
+    subnet = fields.string("subnet")
+    if network is None:
+        return None
+    if subnet is not None:
+        if network == PUBLIC_NETWORK:
+            issues.add(fields.at("subnet"), "the public network has no subnet to choose")
+            return None
+        if not issues.check(fields.at("subnet"), uuid_error(subnet)):
+            return None
+    return NetworkInterface(network, subnet)
+
+
+def _check_duplicates(
+    issues: Issues, at: str, interfaces: list[tuple[int, NetworkInterface]]
+) -> None:
+    # Two interfaces on one network would give each server two addresses in one broadcast
+    # domain: almost certainly a copy-paste mistake.
+    first: dict[str, int] = {}
+    for index, interface in interfaces:
+        if interface.network in first:
+            issues.add(
+                item(at, index),
+                f'network "{interface.network}" is already attached by '
+                f"{item(at, first[interface.network])}",
+            )
+        else:
+            first[interface.network] = index

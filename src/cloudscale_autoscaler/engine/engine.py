@@ -61,6 +61,7 @@ from cloudscale_autoscaler.engine.group import (
     Resolved,
 )
 from cloudscale_autoscaler.engine.networks import NetworkResolver
+from cloudscale_autoscaler.engine.pricing import Pricer
 from cloudscale_autoscaler.engine.providerid import (
     format_provider_id,
     parse_server_uuid,
@@ -92,6 +93,12 @@ class Engine:
         self._groups = {group.name: GroupState(group) for group in config.node_groups}
         self._catalog = Catalog(config, cloud)
         self._networks = NetworkResolver(cloud)
+        # None without `pricing`: the pricing RPCs then answer UNIMPLEMENTED.
+        self.pricing = (
+            Pricer(config, config.pricing, self._catalog, self._group_name_of)
+            if config.pricing is not None
+            else None
+        )
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
         self._ticks = itertools.count(1)
         self._applied_start = 0  # start tick of the listing the inventory comes from
@@ -243,6 +250,9 @@ class Engine:
         if uuid is None:
             return NOT_MANAGED
         return self._by_provider_id.get(format_provider_id(uuid), NOT_MANAGED)
+
+    def _group_name_of(self, provider_id: str) -> str:
+        return str(self.node_group_for_node(provider_id).nodeGroup.id)
 
     def group_stats(self) -> list[GroupStats]:
         """Per-group numbers for the metrics collector (read at scrape time)."""

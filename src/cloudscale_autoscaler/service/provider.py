@@ -27,6 +27,7 @@ from cloudscale_autoscaler.engine.errors import (
 from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.service import pricing
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 
@@ -107,12 +108,21 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def PricingNodePrice(
         self, request: pb.PricingNodePriceRequest, context: Context
     ) -> pb.PricingNodePriceResponse:
-        await _abort(context, Unimplemented("PricingNodePrice is not implemented: no prices"))
+        pricer = self.engine.pricing
+        if pricer is None:
+            await _abort(context, Unimplemented("PricingNodePrice is not implemented: no prices"))
+        try:
+            return pricing.node_price(pricer, request)
+        except EngineError as error:
+            await _abort(context, error)
 
     async def PricingPodPrice(
         self, request: pb.PricingPodPriceRequest, context: Context
     ) -> pb.PricingPodPriceResponse:
-        await _abort(context, Unimplemented("PricingPodPrice is not implemented: no prices"))
+        pricer = self.engine.pricing
+        if pricer is None:
+            await _abort(context, Unimplemented("PricingPodPrice is not implemented: no prices"))
+        return await _run(context, pricing.pod_price(pricer, request))
 
     async def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
         return self._gpu_label

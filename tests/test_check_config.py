@@ -76,11 +76,12 @@ def test_valid_config_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFix
         "api limits:         timeout 30s, 10 concurrent creates, rate unlimited",
         "gpu label:          cloudscale.ch/gpu",
         "placeholder expiry: 900s",
+        "pricing:            none (the pricing RPCs answer UNIMPLEMENTED)",
         "node groups (2):",
         "  workers: size 1-5, flavor flex-8-4, image debian-12, zone lpg1, volume 50 GB, "
-        "2 labels, 1 taint, options: yes",
+        "2 labels, 1 taint, options: yes, interfaces: public",
         "  spare: size 0-2, flavor flex-4-1, image d, zone (project default), volume 10 GB, "
-        "0 labels, 0 taints, options: no",
+        "0 labels, 0 taints, options: no, interfaces: public",
     ]
     assert err == ""
     assert SECRET not in out

@@ -119,6 +119,11 @@ class PricingConfig:
     def flavor(self, slug: str) -> Decimal | None:
         return dict(self.flavors).get(slug)
 
+    def node_hourly(self, flavor: str, volume_size_gb: int) -> Decimal | None:
+        """A server's price per hour: its flavor plus its root volume; None if unpriced."""
+        price = self.flavor(flavor)
+        return None if price is None else price + self.volume_gb * volume_size_gb
+
 
 @dataclass(frozen=True)
 class NodeGroupConfig:

@@ -12,9 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
-from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
-from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig
+from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
+from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.config_loader import TOKEN_ENV
+from cloudscale_autoscaler.configfile.interfaces import interfaces_text
+from cloudscale_autoscaler.configfile.network_check import (
+    fetch_networks,
+    interface_errors,
+    uses_private_networks,
+)
+from cloudscale_autoscaler.configfile.pricing import price_text, pricing_text
 from cloudscale_autoscaler.validation import uuid_error
 
 EXIT_OK = 0
@@ -64,13 +71,15 @@ def _token_line(config: Config) -> str:
     return f"from the {TOKEN_ENV} environment variable"
 
 
-def group_line(group: NodeGroupConfig) -> str:
+def group_line(group: NodeGroupConfig, pricing: PricingConfig | None = None) -> str:
     return (
         f"{group.name}: size {group.min_size}-{group.max_size}, flavor {group.flavor}, "
         f"image {group.image}, zone {group.zone or '(project default)'}, "
         f"volume {group.volume_size_gb} GB, {_count(len(group.labels), 'label')}, "
         f"{_count(len(group.taints), 'taint')}, "
-        f"options: {'yes' if group.autoscaling_options is not None else 'no'}"
+        f"options: {'yes' if group.autoscaling_options is not None else 'no'}, "
+        f"interfaces: {interfaces_text(group)}"
+        + (f", price {price_text(pricing, group)}" if pricing is not None else "")
     )
 
 
@@ -88,9 +97,10 @@ def summary(config: Config) -> str:
         f"{cloud.max_concurrent_creates} concurrent creates, rate {rate}",
         f"gpu label:          {config.gpu_label}",
         f"placeholder expiry: {config.placeholder_expiry_seconds:g}s",
+        f"pricing:            {pricing_text(config.pricing)}",
         f"node groups ({len(config.node_groups)}):",
     ]
-    lines += [f"  {group_line(group)}" for group in config.node_groups]
+    lines += [f"  {group_line(group, config.pricing)}" for group in config.node_groups]
     return "\n".join(lines)
 
 
@@ -162,8 +172,12 @@ async def fetch_catalogue(config: Config) -> tuple[list[Flavor], list[Image], li
 
 def _online(config: Config) -> int:
     url = config.cloudscale.url
+    networks: list[Network] = []
+    subnets: list[Subnet] = []
     try:
         flavors, images, regions = asyncio.run(fetch_catalogue(config))
+        if uses_private_networks(config.node_groups):
+            networks, subnets = asyncio.run(fetch_networks(config, ONLINE_MAX_RETRIES))
     except AuthenticationError as exc:
         _print_errors(
             f"online check against {url} failed",
@@ -177,6 +191,7 @@ def _online(config: Config) -> int:
         )
         return EXIT_INVALID
     errors = catalogue_errors(config.node_groups, flavors, images, regions)
+    errors += interface_errors(config.node_groups, networks, subnets)
     if errors:
         _print_errors(f"online check against {url}", errors)
         return EXIT_INVALID

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloudscale_autoscaler.config import PUBLIC_NETWORK, NetworkInterface
+from cloudscale_autoscaler.config import PUBLIC_NETWORK, NetworkInterface, NodeGroupConfig
 from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item
 from cloudscale_autoscaler.validation import uuid_error
 
@@ -91,3 +91,21 @@ def _check_duplicates(
             )
         else:
             first[interface.network] = index
+
+
+def interfaces_text(group: NodeGroupConfig) -> str:
+    """The group's interfaces for summaries: `public, k8s-nodes (subnet <uuid>)`."""
+    if group.interfaces is None:
+        flags = [
+            name
+            for name, used in (
+                ("public", group.use_public_network),
+                ("default private", group.use_private_network),
+            )
+            if used
+        ]
+        return " + ".join(flags) or "none"
+    return ", ".join(
+        interface.network + (f" (subnet {interface.subnet})" if interface.subnet else "")
+        for interface in group.interfaces
+    )

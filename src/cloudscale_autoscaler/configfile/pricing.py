@@ -93,3 +93,21 @@ def check_group_prices(
                 f'no price for flavor "{group.flavor}" of {item("nodeGroups", index)} '
                 f'("{group.name}"): CA\'s price expander would never choose that group',
             )
+
+
+def pricing_text(pricing: PricingConfig | None) -> str:
+    if pricing is None:
+        return "none (the pricing RPCs answer UNIMPLEMENTED)"
+    return (
+        f"{pricing.currency}, {len(pricing.flavors)} flavor price(s), "
+        f"volume {pricing.volume_gb} per GB and hour"
+    )
+
+
+def price_text(pricing: PricingConfig, group: NodeGroupConfig) -> str:
+    """`0.1213 CHF/h (flavor 0.0913 + 50 GB x 0.0006)`."""
+    hourly = pricing.node_hourly(group.flavor, group.volume_size_gb)
+    return (
+        f"{hourly} {pricing.currency}/h (flavor {pricing.flavor(group.flavor)} + "
+        f"{group.volume_size_gb} GB x {pricing.volume_gb})"
+    )

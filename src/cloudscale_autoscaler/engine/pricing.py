@@ -49,10 +49,10 @@ ZONE_LABELS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io
 
 def hourly_price(pricing: PricingConfig, group: NodeGroupConfig) -> Decimal:
     """The price of one node of the group per hour. The loader guarantees a flavor price."""
-    flavor = pricing.flavor(group.flavor)
-    if flavor is None:
+    hourly = pricing.node_hourly(group.flavor, group.volume_size_gb)
+    if hourly is None:
         raise FailedPrecondition(f"node group {group.name}: no price for flavor {group.flavor}")
-    return flavor + pricing.volume_gb * group.volume_size_gb
+    return hourly
 
 
 def interval_seconds(start: Fraction, end: Fraction) -> Fraction:

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import Config, ConfigError
+from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.node import build_template_node
 
@@ -119,4 +119,19 @@ def template_command(config_path: Path, group: str, output: str) -> int:
         _error(f'node group "{group}": {exc}')
         return EXIT_USAGE
     sys.stdout.write(render(node_to_dict(node), output))
+    # What the Node does not show, on stderr so that stdout stays one document.
+    print(group_notes(config, group_config), file=sys.stderr)
     return 0
+
+
+def group_notes(config: Config, group: NodeGroupConfig) -> str:
+    """`# interfaces: ...` and `# price: ...` of the group (the price RPC's hourly basis)."""
+    from cloudscale_autoscaler.configfile.interfaces import interfaces_text
+    from cloudscale_autoscaler.configfile.pricing import price_text
+
+    price = (
+        price_text(config.pricing, group)
+        if config.pricing is not None
+        else "none (no pricing section: CA's price expander gets UNIMPLEMENTED)"
+    )
+    return f"# node group {group.name}: interfaces: {interfaces_text(group)}\n# price: {price}"

@@ -84,10 +84,12 @@ def check_group_prices(
 ) -> None:
     """Every group's flavor needs a price: CA's price expander silently skips a group whose
     price is an error, so a missing price would mean that group is never chosen."""
-    if pricing is None:
-        return
+    section = top.raw("pricing")
+    given = section.get("flavorsPerHour") if isinstance(section, dict) else None
+    if pricing is None or not isinstance(given, dict):
+        return  # no pricing, or a section already reported as malformed
     for index, group in enumerate(groups):
-        if group.flavor and pricing.flavor(group.flavor) is None:
+        if group.flavor and group.flavor not in given:
             top.issues.add(
                 child("pricing.flavorsPerHour", group.flavor),
                 f'no price for flavor "{group.flavor}" of {item("nodeGroups", index)} '

@@ -57,7 +57,9 @@ def hourly_price(pricing: PricingConfig, group: NodeGroupConfig) -> Decimal:
 
 def interval_seconds(start: Fraction, end: Fraction) -> Fraction:
     if end < start:
-        raise ValueError(f"the interval ends ({end:.9f}) before it starts ({start:.9f})")
+        raise ValueError(
+            f"the interval ends (Unix time {float(end):.3f}) before it starts ({float(start):.3f})"
+        )
     return end - start
 
 

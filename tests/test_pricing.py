@@ -1,0 +1,506 @@
+"""Prices for CA's price expander: the `pricing` config, exact answers for known intervals
+(table tests), both proto generations over mTLS, and CA's expander arithmetic picking the
+cheaper of two groups that fit the same pods."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from fixtures.stack import Stack, StackFactory, group
+
+from cloudscale_autoscaler.config import ConfigError, PricingConfig
+from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.engine.pricing import (
+    Offer,
+    cheapest_pod_price,
+    dominant_share,
+    pod_requests,
+    price_for,
+)
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
+
+MI = 2**20
+GI = 2**30
+START = 1_800_000_000  # a Unix time in seconds
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def load(tmp_path: Path, pricing: Any, flavor: str = "flex-8-4") -> Any:
+    doc = {
+        "cluster": "prod",
+        "tls": {"insecure": True},
+        "cloudscale": {"url": "http://127.0.0.1:1/v1", "tokenFile": "token"},
+        "pricing": pricing,
+        "nodeGroups": [
+            {"name": "w", "minSize": 0, "maxSize": 3, "flavor": flavor, "image": "d"},
+        ],
+    }
+    (tmp_path / "token").write_text("t0123456789\n")
+    (tmp_path / "token").chmod(0o600)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_config(path)
+
+
+def test_pricing_is_read_as_exact_decimals(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        {
+            "currency": "CHF",
+            "flavorsPerHour": {"flex-8-4": 0.0913, "plus-16-4": "0.2104"},
+            "volumePerGBHour": 0.000125,
+        },
+    )
+    assert config.pricing == PricingConfig(
+        currency="CHF",
+        flavors=(("flex-8-4", Decimal("0.0913")), ("plus-16-4", Decimal("0.2104"))),
+        volume_gb=Decimal("0.000125"),
+    )
+
+
+def test_no_pricing_section_means_no_prices(tmp_path: Path) -> None:
+    doc_without = load(tmp_path, None)
+    assert doc_without.pricing is None
+
+
+@pytest.mark.parametrize(
+    ("pricing", "errors"),
+    [
+        (
+            {"flavorsPerHour": {"flex-8-4": 1}, "volumePerGBHour": 0},
+            ["pricing.currency: required"],
+        ),
+        (
+            {"currency": "chf", "flavorsPerHour": {"flex-8-4": 1}, "volumePerGBHour": 0},
+            ['pricing.currency: invalid currency "chf": expected an ISO 4217 code such as CHF'],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": -1}, "volumePerGBHour": 0},
+            ["pricing.flavorsPerHour.flex-8-4: must not be negative, got -1"],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": "cheap"}, "volumePerGBHour": 0},
+            [
+                'pricing.flavorsPerHour.flex-8-4: invalid price "cheap": expected a decimal '
+                "number such as 0.0913"
+            ],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": True}, "volumePerGBHour": 0},
+            [
+                "pricing.flavorsPerHour.flex-8-4: expected a price (a number such as 0.0913), "
+                "got boolean true"
+            ],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": ".nan"}, "volumePerGBHour": 0},
+            [
+                'pricing.flavorsPerHour.flex-8-4: invalid price ".nan": expected a decimal number '
+                "such as 0.0913"
+            ],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": 1}},
+            ["pricing.volumePerGBHour: required: the price per GB of volume per hour (0 if free)"],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"plus-8-2": 1}, "volumePerGBHour": 0},
+            [
+                'pricing.flavorsPerHour.flex-8-4: no price for flavor "flex-8-4" of '
+                'nodeGroups[0] ("w"): CA\'s price expander would never choose that group'
+            ],
+        ),
+        (
+            {"currency": "CHF", "flavors": {"flex-8-4": 1}, "volumePerGBHour": 0},
+            [
+                'pricing.flavors: unknown key; did you mean "flavorsPerHour"?',
+                "pricing.flavorsPerHour: required: a price per hour per flavor",
+            ],
+        ),
+        ("CHF", ['pricing: expected a mapping, got string "CHF"']),
+    ],
+)
+def test_pricing_errors(tmp_path: Path, pricing: Any, errors: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, pricing)
+    assert caught.value.errors == errors
+
+
+# --- pure arithmetic (table tests) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hourly", "seconds", "expected"),
+    [
+        (Decimal("0.1213"), Fraction(3600), Fraction(1213, 10000)),
+        (Decimal("0.1213"), Fraction(5400), Fraction(1213 * 3, 20000)),
+        # Billing is per second: half a second is half a second, not a rounded minute.
+        (Decimal("0.36"), Fraction(1, 2), Fraction(1, 20000)),
+        (Decimal("0.1"), Fraction(0), Fraction(0)),
+        (Decimal("0"), Fraction(3600), Fraction(0)),
+    ],
+)
+def test_price_for_an_interval_is_exact(
+    hourly: Decimal, seconds: Fraction, expected: Fraction
+) -> None:
+    assert price_for(hourly, seconds) == expected
+
+
+def container(**requests: str) -> core_v1_pb2.Container:
+    c = core_v1_pb2.Container(name="c")
+    for name, value in requests.items():
+        c.resources.requests[name.replace("_", "-")].string = value
+    return c
+
+
+def pod(
+    containers: list[core_v1_pb2.Container],
+    init: list[core_v1_pb2.Container] | None = None,
+    overhead: dict[str, str] | None = None,
+    pod_level: dict[str, str] | None = None,
+) -> core_v1_pb2.Pod:
+    p = core_v1_pb2.Pod()
+    p.metadata.name, p.metadata.namespace = "p", "default"
+    p.spec.containers.extend(containers)
+    p.spec.initContainers.extend(init or [])
+    for name, value in (overhead or {}).items():
+        p.spec.overhead[name].string = value
+    for name, value in (pod_level or {}).items():
+        p.spec.resources.requests[name].string = value
+    return p
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "expected"),
+    [
+        (pod([container(cpu="500m", memory="500Mi")]), {"cpu": Fraction(1, 2), "memory": 500 * MI}),
+        (
+            pod([container(cpu="250m"), container(cpu="250m", memory="1Gi")]),
+            {"cpu": Fraction(1, 2), "memory": GI},
+        ),
+        # An init container runs alone before the others: the maximum counts, not the sum.
+        (
+            pod([container(cpu="500m")], init=[container(cpu="2", memory="64Mi")]),
+            {"cpu": Fraction(2), "memory": 64 * MI},
+        ),
+        (
+            pod([container(cpu="100m")], overhead={"cpu": "50m", "memory": "10Mi"}),
+            {"cpu": Fraction(3, 20), "memory": 10 * MI},
+        ),
+        (
+            pod([container(cpu="100m", memory="1Gi")], pod_level={"cpu": "1"}),
+            {"cpu": Fraction(1), "memory": GI},
+        ),
+        (pod([container()]), {}),
+    ],
+)
+def test_pod_requests(the_pod: core_v1_pb2.Pod, expected: dict[str, Fraction]) -> None:
+    assert pod_requests(the_pod) == expected
+
+
+ALLOC = {"cpu": Fraction(4), "memory": Fraction(16 * GI), "pods": Fraction(110)}
+
+
+@pytest.mark.parametrize(
+    ("requests", "allocatable", "expected"),
+    [
+        ({"cpu": Fraction(1, 2), "memory": Fraction(500 * MI)}, ALLOC, Fraction(1, 8)),
+        ({"memory": Fraction(8 * GI)}, ALLOC, Fraction(1, 2)),
+        ({}, ALLOC, Fraction(1, 110)),  # a pod slot at least
+        ({"nvidia.com/gpu": Fraction(1)}, ALLOC, None),  # the node has no GPU
+        ({"nvidia.com/gpu": Fraction(1)}, {**ALLOC, "nvidia.com/gpu": Fraction(2)}, Fraction(1, 2)),
+    ],
+)
+def test_dominant_share(
+    requests: dict[str, Fraction], allocatable: dict[str, Fraction], expected: Fraction | None
+) -> None:
+    assert dominant_share(requests, allocatable) == expected
+
+
+def test_pod_price_is_the_cheapest_fitting_group() -> None:
+    cheap = Offer("cheap", Decimal("0.20"), ALLOC)
+    dear = Offer("dear", Decimal("0.30"), {**ALLOC, "nvidia.com/gpu": Fraction(1)})
+    small = {"cpu": Fraction(1)}
+    assert cheapest_pod_price(small, [cheap, dear], Fraction(3600)) == Fraction(5, 100)
+    gpu = {"cpu": Fraction(1), "nvidia.com/gpu": Fraction(1)}
+    assert cheapest_pod_price(gpu, [cheap, dear], Fraction(1800)) == Fraction(15, 100)
+    assert cheapest_pod_price({"hugepages-2Mi": Fraction(1)}, [cheap, dear], Fraction(1)) is None
+
+
+# --- the RPCs over mTLS ---------------------------------------------------------------------
+
+PRICING = PricingConfig(
+    currency="CHF",
+    flavors=(("flex-16-4", Decimal("0.1826")), ("plus-16-4", Decimal("0.4208"))),
+    volume_gb=Decimal("0.000125"),
+)
+
+
+def hourly(flavor: str, volume_gb: int) -> Fraction:
+    return Fraction(PRICING.flavor(flavor)) + Fraction(PRICING.volume_gb) * volume_gb  # type: ignore[arg-type]
+
+
+def node_request(node: pb.ExternalGrpcNode, seconds: int, *, old: bool, new: bool) -> Any:
+    request = pb.PricingNodePriceRequest(node=node)
+    if old:
+        request.startTime.seconds, request.endTime.seconds = START, START + seconds
+    if new:
+        request.startTimestamp.seconds, request.endTimestamp.seconds = START, START + seconds
+    return request
+
+
+def pod_request(the_pod: core_v1_pb2.Pod, seconds: int, *, old: bool, new: bool) -> Any:
+    request = pb.PricingPodPriceRequest()
+    if old:
+        request.pod.CopyFrom(the_pod)
+        request.startTime.seconds, request.endTime.seconds = START, START + seconds
+    if new:
+        request.pod_bytes = the_pod.SerializeToString(deterministic=True)
+        request.startTimestamp.seconds, request.endTimestamp.seconds = START, START + seconds
+    return request
+
+
+async def priced_stack(stack: StackFactory) -> Stack:
+    return await stack(
+        groups=[
+            group("cheap", 0, 5, flavor="flex-16-4", volume_size_gb=50),
+            group("dear", 0, 5, flavor="plus-16-4", volume_size_gb=50),
+        ],
+        pricing=PRICING,
+    )
+
+
+async def template_node(s: Stack, group_id: str) -> pb.ExternalGrpcNode:
+    """What CA sends for a template: name, labels and annotations (CA renames the node)."""
+    reply = await s.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id=group_id))
+    node = core_v1_pb2.Node.FromString(reply.nodeBytes)
+    return pb.ExternalGrpcNode(
+        name=f"template-node-for-{group_id}-1234",
+        labels=dict(node.metadata.labels),
+        annotations=dict(node.metadata.annotations),
+    )
+
+
+GENERATIONS = [
+    pytest.param(True, False, id="old-fields"),
+    pytest.param(True, True, id="both"),
+    pytest.param(False, True, id="new-fields"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), GENERATIONS)
+async def test_node_price_of_a_template_node_is_exact(
+    stack: StackFactory, old: bool, new: bool
+) -> None:
+    s = await priced_stack(stack)
+    node = await template_node(s, "cheap")
+    for seconds in (3600, 5400, 61):
+        reply = await s.stub.PricingNodePrice(node_request(node, seconds, old=old, new=new))
+        assert reply.price == float(hourly("flex-16-4", 50) * seconds / 3600)
+
+
+async def test_node_price_by_provider_id_labels_and_annotations(stack: StackFactory) -> None:
+    s = await priced_stack(stack)
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="dear", delta=1))
+    await s.settle("dear")
+    [instance] = await s.instances("dear")
+    dear = float(hourly("plus-16-4", 50))
+    by_id = pb.ExternalGrpcNode(providerID=instance.id, name="dear-1")
+    by_annotation = pb.ExternalGrpcNode(
+        name="x", annotations={ANNOTATION_GROUP: "dear", ANNOTATION_CLUSTER: s.config.cluster}
+    )
+    by_labels = pb.ExternalGrpcNode(
+        name="x",
+        labels={
+            "node.kubernetes.io/instance-type": "plus-16-4",
+            "topology.kubernetes.io/zone": "lpg1",
+        },
+    )
+    by_beta_labels = pb.ExternalGrpcNode(
+        name="x", labels={"beta.kubernetes.io/instance-type": "plus-16-4"}
+    )
+    for node in (by_id, by_annotation, by_labels, by_beta_labels):
+        reply = await s.stub.PricingNodePrice(node_request(node, 3600, old=False, new=True))
+        assert reply.price == dear, node
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        (
+            pb.ExternalGrpcNode(
+                providerID="cloudscale://00000000-0000-4000-8000-000000000000", name="n"
+            ),
+            "node n (providerID cloudscale://00000000-0000-4000-8000-000000000000) is not a "
+            "server of any node group and carries no node.kubernetes.io/instance-type label "
+            "to price it by",
+        ),
+        (
+            pb.ExternalGrpcNode(name="n", labels={"node.kubernetes.io/instance-type": "flex-4-1"}),
+            "node n (providerID empty) is not a server of any node group, and no node group "
+            "has flavor flex-4-1",
+        ),
+        (
+            pb.ExternalGrpcNode(
+                name="n",
+                labels={
+                    "node.kubernetes.io/instance-type": "flex-16-4",
+                    "topology.kubernetes.io/zone": "rma1",
+                },
+            ),
+            "node n (providerID empty) is not a server of any node group, and no node group "
+            "has flavor flex-16-4 in zone rma1",
+        ),
+        (
+            pb.ExternalGrpcNode(
+                name="n", annotations={ANNOTATION_GROUP: "cheap", ANNOTATION_CLUSTER: "other"}
+            ),
+            "node n (providerID empty) is not a server of any node group and carries no "
+            "node.kubernetes.io/instance-type label to price it by",
+        ),
+    ],
+)
+async def test_unknown_node_is_not_found(
+    stack: StackFactory, node: pb.ExternalGrpcNode, message: str
+) -> None:
+    s = await priced_stack(stack)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == message
+
+
+async def test_same_flavor_with_different_prices_is_ambiguous(stack: StackFactory) -> None:
+    s = await stack(
+        groups=[
+            group("a", 0, 5, flavor="flex-16-4", volume_size_gb=10),
+            group("b", 0, 5, flavor="flex-16-4", volume_size_gb=100),
+        ],
+        pricing=PRICING,
+    )
+    node = pb.ExternalGrpcNode(name="n", labels={"node.kubernetes.io/instance-type": "flex-16-4"})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingNodePrice(node_request(node, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details().endswith(
+        "the node groups with flavor flex-16-4 (a, b) have different prices"
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (
+            pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(name="n")),
+            "missing interval: expected startTimestamp and endTimestamp (or the older startTime "
+            "and endTime)",
+        ),
+    ],
+)
+async def test_bad_node_price_requests(stack: StackFactory, request_: Any, message: str) -> None:
+    s = await priced_stack(stack)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingNodePrice(request_)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == message
+
+
+async def test_backwards_interval_is_invalid(stack: StackFactory) -> None:
+    s = await priced_stack(stack)
+    node = await template_node(s, "cheap")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingNodePrice(node_request(node, -60, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ends" in (caught.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pb.PricingPodPriceRequest(pod_bytes=b"\xff\xff"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def allocatable_share(cpu: Fraction, memory: int, flavor_gib: int, vcpus: int) -> Fraction:
+    """The dominant share on a default-kubelet node: memory loses the 100Mi eviction
+    threshold, one pod slot of 110 at least."""
+    return max(cpu / vcpus, Fraction(memory, flavor_gib * GI - 100 * MI), Fraction(1, 110))
+
+
+@pytest.mark.parametrize(("old", "new"), GENERATIONS)
+async def test_pod_price_is_exact(stack: StackFactory, old: bool, new: bool) -> None:
+    s = await priced_stack(stack)
+    the_pod = pod([container(cpu="500m", memory="500Mi")])
+    reply = await s.stub.PricingPodPrice(pod_request(the_pod, 3600, old=old, new=new))
+    share = allocatable_share(Fraction(1, 2), 500 * MI, 16, 4)
+    assert reply.price == float(hourly("flex-16-4", 50) * share)
+
+
+async def test_without_pricing_both_rpcs_stay_unimplemented(stack: StackFactory) -> None:
+    s = await stack(groups=[group("cheap", 0, 5, flavor="flex-16-4")])
+    node = await template_node(s, "cheap")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert caught.value.details() == "PricingNodePrice is not implemented: no prices"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(pod([container()]), 3600, old=True, new=True))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert caught.value.details() == "PricingPodPrice is not implemented: no prices"
+
+
+# --- CA's price expander, reproduced from the RPC answers ---------------------------------------
+
+
+async def expander_choice(s: Stack, pods: list[core_v1_pb2.Pod]) -> str:
+    """expander/price/price.go's BestOptions for two options that schedule the same pods on
+    one new node each: score = unfitness x (nodePrice + stab) / (sum podPrice + stab), with
+    unfitness against CA's preferred node for a small cluster (1 CPU)."""
+    stabilization = pod([container(cpu="500m", memory="500Mi")])
+    stab = (
+        await s.stub.PricingPodPrice(pod_request(stabilization, 3600, old=True, new=True))
+    ).price
+    pod_total = 0.0
+    for p in pods:
+        pod_total += (await s.stub.PricingPodPrice(pod_request(p, 3600, old=True, new=True))).price
+    scores = {}
+    for group_id in ("cheap", "dear"):
+        node = await template_node(s, group_id)
+        node_price = (
+            await s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True))
+        ).price
+        reply = await s.stub.NodeGroupTemplateNodeInfo(
+            pb.NodeGroupTemplateNodeInfoRequest(id=group_id)
+        )
+        cpu = float(core_v1_pb2.Node.FromString(reply.nodeBytes).status.capacity["cpu"].string)
+        unfitness = max(1.0 / cpu, cpu / 1.0)
+        scores[group_id] = unfitness * (node_price + stab) / (pod_total + stab)
+    return min(scores, key=lambda g: scores[g])
+
+
+@pytest.mark.parametrize(
+    ("flex", "plus", "winner"),
+    [("0.1826", "0.4208", "cheap"), ("0.4208", "0.1826", "dear")],
+)
+async def test_price_expander_picks_the_cheaper_group(
+    stack: StackFactory, flex: str, plus: str, winner: str
+) -> None:
+    # Both flavors have 4 vCPUs and 16 GB: both fit the pods and unfitness is equal, so only
+    # the price decides; swapping the prices swaps the choice.
+    pricing = PricingConfig(
+        "CHF", (("flex-16-4", Decimal(flex)), ("plus-16-4", Decimal(plus))), Decimal("0.000125")
+    )
+    s = await stack(
+        groups=[
+            group("cheap", 0, 5, flavor="flex-16-4", volume_size_gb=50),
+            group("dear", 0, 5, flavor="plus-16-4", volume_size_gb=50),
+        ],
+        pricing=pricing,
+    )
+    pods = [pod([container(cpu="1", memory="2Gi")]) for _ in range(3)]
+    assert await expander_choice(s, pods) == winner

@@ -230,7 +230,7 @@ def write_yaml(path: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-def server_config(tmp: Path, pki: Path, emulator_port: int, listen_port: int) -> Path:
+def server_config(tmp: Path, pki: Path, emulator_port: int, listen_port: int, **extra: Any) -> Path:
     (tmp / "token").write_text(TOKEN)
     (tmp / "token").chmod(0o600)
     return write_yaml(
@@ -248,6 +248,7 @@ def server_config(tmp: Path, pki: Path, emulator_port: int, listen_port: int) ->
             # generous wait keeps "immediately" true on a loaded machine (CA allows 5 s).
             "increaseSizeWait": "3s",
             "nodeGroups": [group.config() for group in GROUPS],
+            **extra,
         },
     )
 
@@ -303,8 +304,9 @@ class Stack:
     other_pki: Path
 
 
-def start_stack(tmp: Path, processes: Processes) -> Stack:
-    """Emulator and our server as processes on free loopback ports, with fresh certificates."""
+def start_stack(tmp: Path, processes: Processes, **extra: Any) -> Stack:
+    """Emulator and our server as processes on free loopback ports, with fresh certificates;
+    `extra` top-level keys go into the server's config."""
     pki, other = make_certs(tmp / "pki"), make_certs(tmp / "other-pki")
     emulator_port, server_port = free_port(), free_port()
     listen = f"127.0.0.1:{emulator_port}"
@@ -312,7 +314,7 @@ def start_stack(tmp: Path, processes: Processes) -> Stack:
         "emulator", cli("emulator", "--listen", listen, "--token", TOKEN, "--boot-seconds", "0")
     )
     wait_for_emulator(emulator_port, emulator)
-    config = server_config(tmp, pki, emulator_port, server_port)
+    config = server_config(tmp, pki, emulator_port, server_port, **extra)
     server = processes.start("server", cli("serve", "--config", str(config)))
     wait_for_port(server_port, server, "server")
     return Stack(emulator_port, server_port, config, pki, other)

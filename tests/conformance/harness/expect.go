@@ -24,6 +24,8 @@ type expectations struct {
 	// Defaults are the options CA passes to GetOptions.
 	Defaults optionsJSON  `json:"defaults"`
 	Groups   []groupSpecs `json:"groups"`
+	// Pricing: the prices CA must read; nil means the server has no `pricing` section.
+	Pricing *pricingSpecs `json:"pricing"`
 }
 
 type namedPath struct {

@@ -21,6 +21,7 @@ func main() {
 	expectPath := flag.String("expect", "", "expectations JSON written by the test")
 	emulatorURL := flag.String("emulator", "", "emulator base URL (http://127.0.0.1:PORT[/v1])")
 	release := flag.String("ca-release", "", "CA release to emulate (default: from the version module)")
+	which := flag.String("scenario", "full", "full, or pricing (a server configured with prices)")
 	flag.Parse()
 	if *cloudConfig == "" || *expectPath == "" || *emulatorURL == "" {
 		fmt.Fprintln(os.Stderr, "usage: harness -cloud-config FILE -expect FILE -emulator URL")
@@ -36,10 +37,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	os.Exit(run(gen, exp, *cloudConfig, newEmulatorAdmin(*emulatorURL)))
+	if *which != "full" && *which != "pricing" {
+		fmt.Fprintf(os.Stderr, "unknown -scenario %q (full, pricing)\n", *which)
+		os.Exit(2)
+	}
+	os.Exit(run(gen, exp, *cloudConfig, newEmulatorAdmin(*emulatorURL), *which))
 }
 
-func run(gen Generation, exp *expectations, cloudConfig string, admin *emulatorAdmin) (code int) {
+func run(gen Generation, exp *expectations, cloudConfig string, admin *emulatorAdmin, which string) (code int) {
 	r := &report{prefix: "[CA " + gen.Release + "]"}
 	r.info("client: %s", clientKind)
 	build := func(path string) (CloudProvider, error) { return buildProvider(path, gen) }
@@ -59,6 +64,10 @@ func run(gen Generation, exp *expectations, cloudConfig string, admin *emulatorA
 	cp, err := build(cloudConfig)
 	r.mustNoErr("BuildExternalGrpc", err, "provider built from "+cloudConfig)
 	s := &scenario{r: r, cp: cp, exp: exp, admin: admin, gen: gen, build: build}
-	s.run()
+	if which == "pricing" {
+		s.runPricing()
+	} else {
+		s.run()
+	}
 	return 0
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	apiv1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -256,16 +255,7 @@ func (s *scenario) checkPricing() {
 	price, err := s.cp.NodePrice(node, start, end)
 	s.r.check("Pricing.NodePrice", errors.Is(err, ErrNotImplemented),
 		"want ErrNotImplemented (price expander skips us), got price %v err=%v", price, err)
-	pod := &apiv1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "pending", Namespace: "default"},
-		Spec: apiv1.PodSpec{Containers: []apiv1.Container{{
-			Name: "app", Image: "registry.example/app:1",
-			Resources: apiv1.ResourceRequirements{Requests: apiv1.ResourceList{
-				apiv1.ResourceCPU:    resource.MustParse("500m"),
-				apiv1.ResourceMemory: resource.MustParse("500Mi"),
-			}},
-		}}},
-	}
+	pod := stabilizationPod()
 	price, err = s.cp.PodPrice(pod, start, end)
 	s.r.check("Pricing.PodPrice", errors.Is(err, ErrNotImplemented),
 		"want ErrNotImplemented, got price %v err=%v", price, err)

@@ -1292,7 +1292,9 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
     os.chmod(copy_dir / "emulator-token", 0o600)
     assert certs_command(tmp_path / "certs" / "dev", [], []) == 0
     config = load_config(copy_dir / "config.yaml", env={})
-    assert [g.name for g in config.node_groups] == ["workers", "gpu"]
+    assert [g.name for g in config.node_groups] == ["workers", "gpu", "private"]
+    assert config.pricing is not None and config.pricing.currency == "CHF"
+    assert config.node_groups[2].interfaces is not None
     assert config.tls.cert == tmp_path / "certs/dev/server.crt"
     workers = config.node_groups[0]
     assert workers.kubelet.system_reserved == (

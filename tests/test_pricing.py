@@ -504,3 +504,22 @@ async def test_price_expander_picks_the_cheaper_group(
     )
     pods = [pod([container(cpu="1", memory="2Gi")]) for _ in range(3)]
     assert await expander_choice(s, pods) == winner
+
+
+async def test_pod_price_errors(stack: StackFactory) -> None:
+    s = await priced_stack(stack)
+    gpu_pod = pod([container(cpu="1", **{"nvidia.com/gpu": "1"})])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(gpu_pod, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == (
+        "pod default/p: no node group has nodes with all it requests (cpu=1, nvidia.com/gpu=1)"
+    )
+    bad = pod([container(cpu="lots")])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(bad, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("pod default/p: ")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pb.PricingPodPriceRequest())
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -33,7 +33,7 @@ from fractions import Fraction
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import Config, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.engine.catalog import Catalog
-from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound
+from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.allocatable import node_allocatable, node_capacity
 from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
@@ -215,7 +215,7 @@ class Pricer:
         try:
             requests = pod_requests(pod)
         except ValueError as error:
-            raise FailedPrecondition(f"pod {_pod_name(pod)}: {error}") from error
+            raise InvalidArgument(f"pod {_pod_name(pod)}: {error}") from error
         price = cheapest_pod_price(requests, await self._current_offers(), seconds)
         if price is None:
             wanted = ", ".join(f"{k}={float(v):g}" for k, v in sorted(requests.items()))

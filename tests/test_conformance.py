@@ -357,11 +357,24 @@ def test_ca_client_sees_a_conforming_provider(
         harness_binaries[release] = go_build(release)
     stack = start_stack(tmp_path, processes)
     expect = expectations(tmp_path, stack)
-    good = cloud_config(tmp_path / "cloud-config.yaml", stack.server_port, stack.pki, stack.pki)
+    run_harness(release, harness_binaries[release], tmp_path, stack, expect, processes)
+
+
+def run_harness(
+    release: str,
+    binary: Path,
+    tmp: Path,
+    stack: Stack,
+    expect: Path,
+    processes: Processes,
+    *args: str,
+) -> str:
+    """Run the harness against the stack with CA's cloud-config; it must pass every check."""
+    good = cloud_config(tmp / "cloud-config.yaml", stack.server_port, stack.pki, stack.pki)
     result = subprocess.run(
         [
-            str(harness_binaries[release]),
-            *("-cloud-config", str(good), "-expect", str(expect)),
+            str(binary),
+            *("-cloud-config", str(good), "-expect", str(expect), *args),
             *("-emulator", f"http://127.0.0.1:{stack.emulator_port}"),
         ],
         capture_output=True,
@@ -375,3 +388,4 @@ def test_ca_client_sees_a_conforming_provider(
         f"CA {release} harness failed (exit {result.returncode}):\n{output}\n{processes.logs()}"
     )
     assert f"[CA {release}]" in output and " 0 failed" in output, output
+    return output

@@ -9,7 +9,6 @@ docs/configuration.md describes the model; the server must answer exactly their 
 from __future__ import annotations
 
 import json
-import subprocess
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ from test_conformance import (
     RELEASES,
     GroupSpec,
     Processes,
-    cloud_config,
     go_build,
     harness_binaries,  # noqa: F401  (the fixture, shared with the main scenario's module)
     processes,  # noqa: F401
+    run_harness,
     start_stack,
 )
 
@@ -86,23 +85,8 @@ def test_ca_client_reads_prices(
             }
         )
     )
-    good = cloud_config(tmp_path / "cloud-config.yaml", stack.server_port, stack.pki, stack.pki)
-    result = subprocess.run(
-        [
-            str(harness_binaries[release]),
-            *("-cloud-config", str(good), "-expect", str(expect), "-scenario", "pricing"),
-            *("-emulator", f"http://127.0.0.1:{stack.emulator_port}"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=HARNESS_TIMEOUT,
-        check=False,
+    binary = harness_binaries[release]
+    output = run_harness(
+        release, binary, tmp_path, stack, expect, processes, "-scenario", "pricing"
     )
-    output = result.stdout + result.stderr
-    print(output)
-    assert result.returncode == 0, (
-        f"CA {release} pricing harness failed (exit {result.returncode}):\n{output}\n"
-        f"{processes.logs()}"
-    )
-    assert f"[CA {release}]" in output and " 0 failed" in output, output
     assert "Pricing.PodPrice" in output and "Pricing.NodePrice[unknown node]" in output

@@ -107,13 +107,18 @@ def _number(raw: dict[str, Any], key: str, what: str, operation: str) -> float:
     return value
 
 
-def _required_slug(raw: Any, what: str, operation: str) -> str:
+def _required(raw: Any, key: str, what: str, operation: str) -> str:
+    """raw[key] of an object we cannot work without (a flavor's slug, a network's uuid)."""
     if not isinstance(raw, dict):
         raise _malformed(what, f"expected a JSON object, got {type(raw).__name__}", operation)
-    slug = raw.get("slug")
-    if not slug or not isinstance(slug, str):
-        raise _malformed(what, "missing slug", operation)
-    return slug
+    value = raw.get(key)
+    if not value or not isinstance(value, str):
+        raise _malformed(what, f"missing {key}", operation)
+    return value
+
+
+def _required_slug(raw: Any, what: str, operation: str) -> str:
+    return _required(raw, "slug", what, operation)
 
 
 def _parse_gpu(raw: Any) -> Gpu | None:
@@ -170,15 +175,6 @@ def parse_regions(body: Any, operation: str = "") -> list[Region]:
     return [parse_region(raw, operation) for raw in _as_list(body, "regions", operation)]
 
 
-def _required_uuid(raw: Any, what: str, operation: str) -> str:
-    if not isinstance(raw, dict):
-        raise _malformed(what, f"expected a JSON object, got {type(raw).__name__}", operation)
-    uuid = raw.get("uuid")
-    if not uuid or not isinstance(uuid, str):
-        raise _malformed(what, "missing uuid", operation)
-    return uuid
-
-
 def _uuids(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list):
         return ()
@@ -186,7 +182,7 @@ def _uuids(raw: Any) -> tuple[str, ...]:
 
 
 def parse_network(raw: Any, operation: str = "") -> Network:
-    uuid = _required_uuid(raw, "network", operation)
+    uuid = _required(raw, "uuid", "network", operation)
     zone = raw.get("zone")
     return Network(
         uuid=uuid,
@@ -201,7 +197,7 @@ def parse_networks(body: Any, operation: str = "") -> list[Network]:
 
 
 def parse_subnet(raw: Any, operation: str = "") -> Subnet:
-    uuid = _required_uuid(raw, "subnet", operation)
+    uuid = _required(raw, "uuid", "subnet", operation)
     network = raw.get("network")
     network_uuid = network.get("uuid") if isinstance(network, dict) else None
     return Subnet(

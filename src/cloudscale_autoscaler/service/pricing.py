@@ -26,8 +26,14 @@ def _seconds(moment: Moment) -> Fraction:
     return moment.seconds + Fraction(moment.nanos, _NANOS)
 
 
-def _interval(new: tuple[Moment, Moment] | None, old: tuple[Moment, Moment] | None) -> Fraction:
-    chosen = new or old
+def _interval(request: pb.PricingNodePriceRequest | pb.PricingPodPriceRequest) -> Fraction:
+    """The request's interval in seconds, from the Timestamp pair if sent, else the older
+    meta.v1 Time pair."""
+    chosen: tuple[Moment, Moment] | None = None
+    if request.HasField("startTimestamp") and request.HasField("endTimestamp"):
+        chosen = (request.startTimestamp, request.endTimestamp)
+    elif request.HasField("startTime") and request.HasField("endTime"):
+        chosen = (request.startTime, request.endTime)
     if chosen is None:
         raise InvalidArgument(
             "missing interval: expected startTimestamp and endTimestamp (or the older "
@@ -40,17 +46,7 @@ def _interval(new: tuple[Moment, Moment] | None, old: tuple[Moment, Moment] | No
 
 
 def node_price(pricer: Pricer, request: pb.PricingNodePriceRequest) -> pb.PricingNodePriceResponse:
-    new = (
-        (request.startTimestamp, request.endTimestamp)
-        if request.HasField("startTimestamp") and request.HasField("endTimestamp")
-        else None
-    )
-    old = (
-        (request.startTime, request.endTime)
-        if request.HasField("startTime") and request.HasField("endTime")
-        else None
-    )
-    seconds = _interval(new, old)
+    seconds = _interval(request)
     node = request.node
     price = pricer.node_price(node.providerID, node.name, node.labels, node.annotations, seconds)
     return pb.PricingNodePriceResponse(price=price)
@@ -70,16 +66,6 @@ def _pod(request: pb.PricingPodPriceRequest) -> core_v1_pb2.Pod:
 async def pod_price(
     pricer: Pricer, request: pb.PricingPodPriceRequest
 ) -> pb.PricingPodPriceResponse:
-    new = (
-        (request.startTimestamp, request.endTimestamp)
-        if request.HasField("startTimestamp") and request.HasField("endTimestamp")
-        else None
-    )
-    old = (
-        (request.startTime, request.endTime)
-        if request.HasField("startTime") and request.HasField("endTime")
-        else None
-    )
-    seconds = _interval(new, old)
+    seconds = _interval(request)
     price = await pricer.pod_price(_pod(request), seconds)
     return pb.PricingPodPriceResponse(price=price)

@@ -35,12 +35,11 @@ from cloudscale_autoscaler.config import Config, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
-from cloudscale_autoscaler.template.allocatable import node_allocatable, node_capacity
+from cloudscale_autoscaler.template.allocatable import PODS, node_allocatable, node_capacity
 from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
 from cloudscale_autoscaler.template.quantity import parse_quantity
 
 SECONDS_PER_HOUR = 3600
-PODS = "pods"
 # The well-known labels first, then their deprecated beta spellings (older kubelets, CA's
 # own copies on template nodes).
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
@@ -153,7 +152,6 @@ class Pricer:
         group_of_provider_id: Callable[[str], str],
     ) -> None:
         self._config = config
-        self._pricing = pricing
         self._catalog = catalog
         self._group_of = group_of_provider_id
         self._hourly = {g.name: hourly_price(pricing, g) for g in config.node_groups}

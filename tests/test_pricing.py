@@ -4,6 +4,8 @@ cheaper of two groups that fit the same pods."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -12,8 +14,11 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.stack import Stack, StackFactory, group
+from test_check_config import write_config
 
+from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.config import ConfigError, PricingConfig
 from cloudscale_autoscaler.config_loader import load_config
 from cloudscale_autoscaler.engine.pricing import (
@@ -523,3 +528,46 @@ async def test_pod_price_errors(stack: StackFactory) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await s.stub.PricingPodPrice(pb.PricingPodPriceRequest())
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# --- template and check-config show interfaces and prices -----------------------------------
+
+
+async def test_template_and_check_config_show_interfaces_and_price(
+    emulator: RunningEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    groups = [
+        {
+            "name": "private",
+            "minSize": 0,
+            "maxSize": 3,
+            "flavor": "flex-8-4",
+            "image": "debian-12",
+            "zone": "lpg1",
+            "volumeSizeGB": 50,
+            "interfaces": [
+                {"network": "k8s-nodes", "subnet": "7a1c0000-0000-4000-8000-000000000102"}
+            ],
+        }
+    ]
+    pricing = {
+        "currency": "CHF",
+        "flavorsPerHour": {"flex-8-4": "0.0913"},
+        "volumePerGBHour": "0.0006",
+    }
+    path = write_config(tmp_path, groups, url=emulator.url, token=TOKEN, pricing=pricing)
+    argv = ["template", "--config", str(path), "private", "-o", "json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["kind"] == "Node"
+    assert err.splitlines() == [
+        "# node group private: interfaces: k8s-nodes (subnet 7a1c0000-0000-4000-8000-000000000102)",
+        "# price: 0.1213 CHF/h (flavor 0.0913 + 50 GB x 0.0006)",
+    ]
+    assert await asyncio.to_thread(main, ["check-config", "--config", str(path)]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    assert "pricing:            CHF, 1 flavor price(s), volume 0.0006 per GB and hour" in summary
+    assert summary[-1].endswith(
+        "interfaces: k8s-nodes (subnet 7a1c0000-0000-4000-8000-000000000102), "
+        "price 0.1213 CHF/h (flavor 0.0913 + 50 GB x 0.0006)"
+    )

@@ -167,6 +167,12 @@ def container(**requests: str) -> core_v1_pb2.Container:
     return c
 
 
+def sidecar(**requests: str) -> core_v1_pb2.Container:
+    c = container(**requests)
+    c.restartPolicy = "Always"
+    return c
+
+
 def pod(
     containers: list[core_v1_pb2.Container],
     init: list[core_v1_pb2.Container] | None = None,
@@ -204,6 +210,19 @@ def pod(
         (
             pod([container(cpu="100m", memory="1Gi")], pod_level={"cpu": "1"}),
             {"cpu": Fraction(1), "memory": GI},
+        ),
+        # Sidecars (restartPolicy Always) keep running: they add to the containers, and an
+        # init container after them runs alongside them.
+        (
+            pod(
+                [container(cpu="1")],
+                init=[sidecar(cpu="500m"), container(cpu="1", memory="1Gi")],
+            ),
+            {"cpu": Fraction(3, 2), "memory": GI},
+        ),
+        (
+            pod([container(cpu="100m")], init=[sidecar(cpu="200m"), container(cpu="2")]),
+            {"cpu": Fraction(11, 5)},
         ),
         (pod([container()]), {}),
     ],

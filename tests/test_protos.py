@@ -193,6 +193,7 @@ EXPECTED_MESSAGES: dict[str, Fields] = {
         ("name", 1, "string"),
         ("image", 2, "string"),
         ("resources", 8, RESOURCES),
+        ("restartPolicy", 24, "string"),
     ],
     RESOURCES: [
         ("limits", 1, f"map<string,{QUANTITY}>"),

@@ -40,6 +40,7 @@ from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_G
 from cloudscale_autoscaler.template.quantity import parse_quantity
 
 SECONDS_PER_HOUR = 3600
+SIDECAR_RESTART_POLICY = "Always"
 # The well-known labels first, then their deprecated beta spellings (older kubelets, CA's
 # own copies on template nodes).
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
@@ -78,17 +79,34 @@ def _add(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
         total[name] = total.get(name, Fraction(0)) + amount
 
 
+def _raise_to(total: dict[str, Fraction], floor: Mapping[str, Fraction]) -> None:
+    for name, amount in floor.items():
+        total[name] = max(total.get(name, Fraction(0)), amount)
+
+
 def pod_requests(pod: core_v1_pb2.Pod) -> dict[str, Fraction]:
-    """What the scheduler reserves for the pod: the containers' requests summed, raised to any
-    init container's (they run one at a time, before the others), pod-level requests where
-    given, plus the pod overhead. Raises ValueError for a malformed quantity."""
+    """What the scheduler reserves for the pod, as Kubernetes computes it: the containers'
+    requests summed; init containers run one at a time before them, so the pod needs at least
+    the largest of them, plus the sidecars (init containers with restartPolicy Always, which
+    keep running and add to everything after them); pod-level requests where given; plus the
+    pod overhead. Raises ValueError for a malformed quantity."""
     spec = pod.spec
     total: dict[str, Fraction] = {}
     for container in spec.containers:
         _add(total, _requests(container.resources))
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
     for container in spec.initContainers:
-        for name, amount in _requests(container.resources).items():
-            total[name] = max(total.get(name, Fraction(0)), amount)
+        requests = _requests(container.resources)
+        if container.restartPolicy == SIDECAR_RESTART_POLICY:
+            _add(total, requests)
+            _add(sidecars, requests)
+            running = dict(sidecars)
+        else:
+            running = dict(requests)
+            _add(running, sidecars)
+        _raise_to(init_peak, running)
+    _raise_to(total, init_peak)
     if spec.HasField("resources"):
         total.update(_requests(spec.resources))
     _add(total, {name: parse_quantity(q.string) for name, q in spec.overhead.items()})

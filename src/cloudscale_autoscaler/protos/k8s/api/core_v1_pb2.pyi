@@ -170,14 +170,16 @@ class PodStatus(_message.Message):
     def __init__(self, phase: _Optional[str] = ...) -> None: ...
 
 class Container(_message.Message):
-    __slots__ = ("name", "image", "resources")
+    __slots__ = ("name", "image", "resources", "restartPolicy")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RESTARTPOLICY_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     resources: ResourceRequirements
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[ResourceRequirements, _Mapping]] = ...) -> None: ...
+    restartPolicy: str
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[ResourceRequirements, _Mapping]] = ..., restartPolicy: _Optional[str] = ...) -> None: ...
 
 class ResourceRequirements(_message.Message):
     __slots__ = ("limits", "requests")

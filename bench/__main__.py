@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
 import sys
 from pathlib import Path
 
-from bench.plan import FULL, SMOKE
+from bench.plan import FULL, PATTERNS, SMOKE
 from bench.report import markdown, plot
 from bench.run import run
 
@@ -35,12 +36,23 @@ def main(argv: list[str] | None = None) -> int:
         help="do not copy the table to bench/RESULTS.md (a --smoke run never does)",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    parser.add_argument(
+        "--pattern",
+        action="append",
+        choices=sorted(PATTERNS),
+        help="CA loop pattern(s) to run, by CA generation (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    report = run(SMOKE if args.smoke else FULL, out)
+    plan = SMOKE if args.smoke else FULL
+    if args.pattern:
+        plan = dataclasses.replace(
+            plan, loop_patterns=tuple(PATTERNS[name] for name in sorted(set(args.pattern)))
+        )
+    report = run(plan, out)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
     (out / "results.md").write_text(table)

@@ -18,17 +18,66 @@ class IncreasePlan:
 
 
 @dataclass(frozen=True)
+class LoopPattern:
+    """What one idle CA loop of a CA generation sends besides one Refresh and one NodeGroups;
+    bench/README.md ("The CA loop patterns") says where each count comes from."""
+
+    name: str
+    static_lookups: int  # NodeGroupForNode per loop for a node not ours (ours: one, cached)
+    options_per_node: int  # GetOptions per node of ours
+    target_sizes_per_group: int
+    templates: int  # TemplateNodeInfo per loop
+
+    def client_args(self) -> list[str]:
+        return [
+            "-static-lookups",
+            str(self.static_lookups),
+            "-options-per-node",
+            str(self.options_per_node),
+            "-target-sizes-per-group",
+            str(self.target_sizes_per_group),
+            "-templates",
+            str(self.templates),
+        ]
+
+    def calls_per_loop(self, nodes: int, managed: int, groups: int) -> dict[str, int]:
+        """Every RPC's calls in one loop, for `nodes` nodes of which `managed` are ours."""
+        return {
+            "Refresh": 1,
+            "NodeGroups": 1,
+            "NodeGroupForNode": managed + (nodes - managed) * self.static_lookups,
+            "TemplateNodeInfo": min(self.templates, groups),
+            "TargetSize": groups * self.target_sizes_per_group,
+            "GetOptions": managed * self.options_per_node,
+        }
+
+
+CA_1_34 = LoopPattern(
+    "CA 1.34", static_lookups=3, options_per_node=0, target_sizes_per_group=4, templates=1
+)
+CA_1_36 = LoopPattern(
+    "CA 1.36", static_lookups=4, options_per_node=2, target_sizes_per_group=4, templates=1
+)
+PATTERNS = {"1.34": CA_1_34, "1.36": CA_1_36}
+
+
+@dataclass(frozen=True)
 class BenchPlan:
-    # a. the CA loop at every (size, groups)
+    # a. the CA loop of each pattern at every (size, groups), ours and the Go reference
     loop_sizes: tuple[int, ...] = (100, 1000, 5000)
     loop_groups: tuple[int, ...] = (1, 10)
     loops: int = 3
+    loop_patterns: tuple[LoopPattern, ...] = (CA_1_34, CA_1_36)
     # b. single RPCs, ours and the Go reference, on a stack of this size
     single_size: int = 1000
     single_groups: int = 1
     single_calls: int = 3000
     single_warmup: int = 300
     single_rounds: int = 3  # ours, goref, pyref, ours, ...: the best round of each counts
+    # f. forwarded RPCs one at a time on our server (the single-RPC stack, after its loop):
+    # TemplateNodeInfo, IncreaseSize(1), DeleteNodes(one node), Refresh
+    forwarded_calls: int = 100
+    forwarded_warmup: int = 10
     # c. Refresh alone
     refresh_sizes: tuple[int, ...] = (1000, 5000, 20000)
     refresh_calls: int = 5
@@ -60,6 +109,8 @@ SMOKE = BenchPlan(
     single_calls=50,
     single_warmup=10,
     single_rounds=1,
+    forwarded_calls=5,
+    forwarded_warmup=1,
     refresh_sizes=(100,),
     refresh_calls=2,
     rss_sizes=(100,),

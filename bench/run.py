@@ -31,6 +31,7 @@ def run(plan: BenchPlan, out: Path) -> dict[str, Any]:
         "single_rpcs": [],
         "refresh": [],
         "memory": [],
+        "forwarded_rpcs": [],
         "increase": None,
     }
     try:
@@ -82,15 +83,17 @@ def _run_stack(bench: workloads.Bench, layout: Layout, results: dict[str, Any]) 
         if size in plan.refresh_sizes and groups == plan.groups:
             log.info("stack N=%d G=%d: Refresh", size, groups)
             results["refresh"].append(workloads.refresh(bench, server, layout))
-        in_loop = size in plan.loop_sizes and groups in plan.loop_groups
-        wants_memory = size in plan.rss_sizes and groups == plan.groups
-        if in_loop or wants_memory:
-            loops = plan.loops if in_loop else 1
-            log.info("stack N=%d G=%d: CA loop x%d", size, groups, loops)
-            loop = workloads.ca_loop(bench, server, population, loops)
-            if in_loop:
-                results["ca_loop"].append(loop)
-            if wants_memory:
-                results["memory"].append(workloads.memory(server, layout))
+        if size in plan.loop_sizes and groups in plan.loop_groups:
+            log.info("stack N=%d G=%d: CA loops, ours and Go reference", size, groups)
+            results["ca_loop"] += workloads.ca_loops(bench, server, population)
+        if size in plan.rss_sizes and groups == plan.groups:
+            log.info("stack N=%d G=%d: memory after a CA loop", size, groups)
+            pattern = plan.loop_patterns[-1]
+            workloads.ca_loop(bench, server, population, pattern, 1)
+            results["memory"].append(workloads.memory(server, layout))
+        if (size, groups) == (plan.single_size, plan.single_groups):
+            # Last: it deletes and creates servers of the stack.
+            log.info("stack N=%d G=%d: forwarded RPCs", size, groups)
+            results["forwarded_rpcs"] = workloads.forwarded_rpcs(bench, server, population)
     finally:
         bench.procs.stop(server.proc)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.client import GoClient
-from bench.plan import BenchPlan, IncreasePlan
+from bench.plan import BenchPlan, IncreasePlan, LoopPattern
 from bench.procs import Proc, Processes
 from bench.stack import (
     CLUSTER,
@@ -40,38 +40,82 @@ class Bench:
     workdir: Path
 
 
-def ca_loop(bench: Bench, server: Endpoint, population: Population, loops: int) -> dict[str, Any]:
-    """a. Refresh, NodeGroups, NodeGroupForNode per node, TargetSize + NodeGroupNodes +
-    TemplateNodeInfo per group, GetOptions per managed node; `loops` times."""
+def _nodes_file(bench: Bench, population: Population) -> Path:
     layout = population.layout
-    nodes_file = bench.workdir / f"nodes-{layout.size}-{layout.groups}.json"
-    nodes_file.write_text(json.dumps({"nodes": population.nodes()}))
+    path = bench.workdir / f"nodes-{layout.size}-{layout.groups}.json"
+    path.write_text(json.dumps({"nodes": population.nodes()}))
+    return path
+
+
+def ca_loop(
+    bench: Bench, endpoint: Endpoint, population: Population, pattern: LoopPattern, loops: int
+) -> dict[str, Any]:
+    """a. `loops` idle CA loops of `pattern` against one server: wall time, the server's and
+    the emulator's CPU per loop, time per RPC (phase), the server's RSS afterwards."""
+    layout = population.layout
+    args = ["-nodes", str(_nodes_file(bench, population)), "-loops", str(loops)]
     measured = bench.client.measure(
         "loop",
-        server,
-        ["-nodes", str(nodes_file), "-loops", str(loops)],
+        endpoint,
+        [*args, *pattern.client_args()],
         bench.plan.max_seconds,
-        [server.proc, bench.emulator],
+        [endpoint.proc, bench.emulator],
     )
     result = measured.result
     done = result["loop"]["count"]
     if done == 0:
-        raise RuntimeError(f"CA loop at N={layout.size}, G={layout.groups}: no loop finished")
+        raise RuntimeError(
+            f"{pattern.name} loop at N={layout.size}, G={layout.groups} on "
+            f"{endpoint.proc.name}: no loop finished"
+        )
+    expected = pattern.calls_per_loop(result["nodes"], result["managed"], result["groups"])
+    if result["calls_per_loop"] != expected:
+        raise RuntimeError(
+            f"{pattern.name} loop on {endpoint.proc.name}: calls {result['calls_per_loop']}, "
+            f"expected {expected}"
+        )
     return {
-        "size": layout.size,
-        "groups": layout.groups,
         "nodes": result["nodes"],
         "managed_nodes": result["managed"],
-        "instances": result["instances"],
+        "calls_per_loop": result["calls_per_loop"],
         "rpcs_per_loop": result["rpcs_per_loop"],
         "loops": done,
         "loop_mean_s": result["loop"]["mean_s"],
         "loop_min_s": result["loop"]["min_s"],
-        "provider_cpu_per_loop_s": measured.cpu["server"] / done,
+        "provider_cpu_per_loop_s": measured.cpu[endpoint.proc.name] / done,
         "emulator_cpu_per_loop_s": measured.cpu["emulator"] / done,
         "phases_mean_s": {name: s["mean_s"] for name, s in result["phases"].items()},
-        "provider_rss_bytes": server.proc.memory()["VmRSS"],
+        "provider_rss_bytes": endpoint.proc.memory()["VmRSS"],
     }
+
+
+def ca_loops(bench: Bench, server: Endpoint, population: Population) -> list[dict[str, Any]]:
+    """a. Each pattern's CA loop against our server and the Go reference, in turn."""
+    layout = population.layout
+    state = write_goref_state(bench.workdir, population)
+    goref = start_goref(bench.procs, bench.goref_binary, state, bench.pki)
+    rows = []
+    try:
+        for pattern in bench.plan.loop_patterns:
+            loops = bench.plan.loops
+            ours = ca_loop(bench, server, population, pattern, loops)
+            reference = ca_loop(bench, goref, population, pattern, loops)
+            rows.append(
+                {
+                    "pattern": pattern.name,
+                    "size": layout.size,
+                    "groups": layout.groups,
+                    "ours": ours,
+                    "goref": reference,
+                    "wall_ratio": ours["loop_mean_s"] / reference["loop_mean_s"],
+                    "cpu_ratio": _ratio(
+                        ours["provider_cpu_per_loop_s"], reference["provider_cpu_per_loop_s"]
+                    ),
+                }
+            )
+    finally:
+        bench.procs.stop(goref.proc)
+    return rows
 
 
 SINGLE_CASES = (
@@ -167,6 +211,52 @@ def _single_row(label: str, best: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "floor_ratio": pyref["mean_us"] / goref["mean_us"],
         "over_floor": ours["mean_us"] / pyref["mean_us"],
     }
+
+
+FORWARDED_RPCS = ("TemplateNodeInfo", "IncreaseSize", "DeleteNodes", "Refresh")
+
+
+def forwarded_rpcs(bench: Bench, server: Endpoint, population: Population) -> list[dict[str, Any]]:
+    """f. The RPCs our engine answers per call (CA's forwarded calls), one at a time on our
+    server: TemplateNodeInfo, IncreaseSize(delta=1), DeleteNodes of one node of the group (the
+    last servers of the population: run this after every other workload of the stack),
+    Refresh. Server CPU per call includes what it spent on the emulator's answers."""
+    plan = bench.plan
+    group = population.layout.group_names[0]
+    victims = population.own[group][-(plan.forwarded_calls + plan.forwarded_warmup) :]
+    victims_file = bench.workdir / "delete-nodes.json"
+    victims_file.write_text(
+        json.dumps({"nodes": [{"providerID": f"cloudscale://{u}", "name": u} for u in victims]})
+    )
+    rows = []
+    for rpc in FORWARDED_RPCS:
+        args = ["-calls", str(plan.forwarded_calls), "-warmup", str(plan.forwarded_warmup)]
+        if rpc == "Refresh":
+            measured = bench.client.measure(
+                "refresh", server, args[:2], plan.max_seconds, [server.proc]
+            )
+            latency, calls = measured.result["latency"], measured.result["latency"]["count"]
+        else:
+            args += ["-rpc", rpc, "-group", group, "-nodes", str(victims_file)]
+            measured = bench.client.measure("single", server, args, plan.max_seconds, [server.proc])
+            result = measured.result
+            if result["errors"]:
+                errors, answer = result["errors"], result["answer"]
+                raise RuntimeError(f"{rpc} on our server: {errors} errors, the last: {answer}")
+            latency, calls = result["latency"], result["latency"]["count"] + result["warmup"]
+        rows.append(
+            {
+                "rpc": rpc,
+                "size": population.layout.size,
+                "groups": population.layout.groups,
+                "calls": latency["count"],
+                "mean_us": latency["mean_s"] * 1e6,
+                "p50_us": latency["p50_s"] * 1e6,
+                "p99_us": latency["p99_s"] * 1e6,
+                "cpu_per_call_us": measured.cpu[server.proc.name] / calls * 1e6,
+            }
+        )
+    return rows
 
 
 def refresh(bench: Bench, server: Endpoint, layout: Layout) -> dict[str, Any]:

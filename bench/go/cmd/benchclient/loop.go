@@ -8,27 +8,51 @@ import (
 	pb "cloudscale-autoscaler/bench/internal/pb"
 )
 
-// Phases of one CA loop, in the order CA makes the calls; each phase's calls are sequential,
-// as under CA's client mutex.
-var phases = []string{"Refresh", "NodeGroups", "NodeGroupForNode", "TargetSize", "NodeGroupNodes",
-	"TemplateNodeInfo", "GetOptions"}
+// Phases of one CA loop, one per RPC, in the order CA first makes each call; every call is
+// sequential, as under CA's client mutex.
+var phases = []string{"Refresh", "NodeGroups", "NodeGroupForNode", "TemplateNodeInfo",
+	"TargetSize", "GetOptions"}
+
+// pattern is what one idle CA loop sends besides one Refresh and one NodeGroups (both cached by
+// CA's client until the next Refresh). bench/README.md says where each count comes from.
+type pattern struct {
+	// NodeGroupForNode lookups per loop of a node that is not ours: CA's client caches only
+	// non-empty answers, so a node of ours costs one call per loop and any other node one call
+	// at every lookup site.
+	staticLookups int
+	// GetOptions calls per node of ours and loop (never cached by CA's client).
+	optionsPerNode int
+	// TargetSize calls per group and loop (never cached).
+	targetSizesPerGroup int
+	// TemplateNodeInfo calls per loop, for the first groups (cached until the next Refresh).
+	templates int
+}
+
+func (p *pattern) register(fs *flag.FlagSet) {
+	fs.IntVar(&p.staticLookups, "static-lookups", 1, "NodeGroupForNode calls per loop for a node that is not ours")
+	fs.IntVar(&p.optionsPerNode, "options-per-node", 0, "GetOptions calls per node of ours per loop")
+	fs.IntVar(&p.targetSizesPerGroup, "target-sizes-per-group", 1, "TargetSize calls per group per loop")
+	fs.IntVar(&p.templates, "templates", 1, "TemplateNodeInfo calls per loop (first groups)")
+}
 
 // LoopResult is the CA loop repeated `loops` times.
 type LoopResult struct {
-	Nodes     int                `json:"nodes"`
-	Managed   int                `json:"managed"`
-	Groups    int                `json:"groups"`
-	Instances int                `json:"instances"`
-	RPCs      int                `json:"rpcs_per_loop"`
-	Loop      Summary            `json:"loop"`
-	Phases    map[string]Summary `json:"phases"`
+	Nodes   int                `json:"nodes"`
+	Managed int                `json:"managed"`
+	Groups  int                `json:"groups"`
+	RPCs    int                `json:"rpcs_per_loop"`
+	Calls   map[string]int     `json:"calls_per_loop"`
+	Loop    Summary            `json:"loop"`
+	Phases  map[string]Summary `json:"phases"`
 }
 
 type loopRun struct {
 	cl       *client
+	pattern  pattern
 	nodes    []*pb.ExternalGrpcNode
 	defaults *pb.NodeGroupAutoscalingOptions
 	phase    map[string]time.Duration
+	calls    map[string]int
 	result   *LoopResult
 }
 
@@ -36,6 +60,8 @@ func runLoop(args []string) (any, error) {
 	fs := flag.NewFlagSet("loop", flag.ExitOnError)
 	var c common
 	c.register(fs)
+	var p pattern
+	p.register(fs)
 	nodesPath := fs.String("nodes", "", "nodes JSON: {\"nodes\": [{\"providerID\", \"name\"}]}")
 	loops := fs.Int("loops", 3, "CA loops to run")
 	_ = fs.Parse(args)
@@ -48,7 +74,7 @@ func runLoop(args []string) (any, error) {
 		return nil, err
 	}
 	defer cl.conn.Close()
-	run := &loopRun{cl: cl, defaults: caDefaults(), result: &LoopResult{Nodes: len(refs)}}
+	run := &loopRun{cl: cl, pattern: p, defaults: caDefaults(), result: &LoopResult{Nodes: len(refs)}}
 	for _, ref := range refs {
 		run.nodes = append(run.nodes, grpcNode(ref))
 	}
@@ -56,7 +82,7 @@ func runLoop(args []string) (any, error) {
 	perPhase := map[string][]time.Duration{}
 	deadline := c.deadline()
 	for i := 0; i < *loops && time.Now().Before(deadline); i++ {
-		run.phase = map[string]time.Duration{}
+		run.phase, run.calls = map[string]time.Duration{}, map[string]int{}
 		start := time.Now()
 		if err := run.once(); err != nil {
 			return nil, fmt.Errorf("loop %d: %w", i+1, err)
@@ -74,66 +100,81 @@ func runLoop(args []string) (any, error) {
 	return run.result, nil
 }
 
-// timed runs f as (part of) the named phase.
-func (r *loopRun) timed(name string, f func() error) error {
+// call makes one RPC as part of its phase, counting it.
+func (r *loopRun) call(name string, f func() error) error {
 	start := time.Now()
 	err := f()
 	r.phase[name] += time.Since(start)
+	r.calls[name]++
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }
 
-// once is one CA loop: Refresh; NodeGroups; NodeGroupForNode for every node (cached by CA
-// until the next Refresh, so once per node per loop); TargetSize and NodeGroupNodes per group;
-// TemplateNodeInfo per group (cached until Refresh); GetOptions per managed node (never cached).
+// once is one idle CA loop: Refresh and NodeGroups; the first NodeGroupForNode of every node
+// (building templates); TemplateNodeInfo; TargetSize per group; then per node the readiness
+// accounting's GetOptions (ours) and the further lookups of nodes that are not ours.
 func (r *loopRun) once() error {
-	rpcs := 0
-	call := func(name string, f func() error) error {
-		rpcs++
-		return r.timed(name, f)
-	}
-	if err := call("Refresh", r.refresh); err != nil {
+	if err := r.call("Refresh", r.refresh); err != nil {
 		return err
 	}
 	var groups []*pb.NodeGroup
-	if err := call("NodeGroups", func() (err error) { groups, err = r.nodeGroups(); return }); err != nil {
+	if err := r.call("NodeGroups", func() (err error) { groups, err = r.nodeGroups(); return }); err != nil {
 		return err
 	}
 	groupOf := make([]string, len(r.nodes))
-	managed := 0
 	for i, node := range r.nodes {
-		if err := call("NodeGroupForNode", func() (err error) { groupOf[i], err = r.forNode(node); return }); err != nil {
+		if err := r.call("NodeGroupForNode", func() (err error) { groupOf[i], err = r.forNode(node); return }); err != nil {
 			return err
 		}
-		if groupOf[i] != "" {
+	}
+	for _, g := range groups[:min(r.pattern.templates, len(groups))] {
+		if err := r.call("TemplateNodeInfo", func() error { return r.template(g.Id) }); err != nil {
+			return err
+		}
+	}
+	for _, g := range groups {
+		for k := 0; k < r.pattern.targetSizesPerGroup; k++ {
+			if err := r.call("TargetSize", func() error { return r.targetSize(g.Id) }); err != nil {
+				return err
+			}
+		}
+	}
+	managed := 0
+	for i, id := range groupOf {
+		if err := r.rest(r.nodes[i], id); err != nil {
+			return err
+		}
+		if id != "" {
 			managed++
 		}
 	}
-	instances := 0
-	for _, g := range groups {
-		if err := call("TargetSize", func() error { return r.targetSize(g.Id) }); err != nil {
-			return err
+	r.result.Managed, r.result.Groups = managed, len(groups)
+	r.result.Calls, r.result.RPCs = map[string]int{}, 0
+	for _, name := range phases {
+		r.result.Calls[name] = r.calls[name]
+		r.result.RPCs += r.calls[name]
+	}
+	return nil
+}
+
+// rest is a node's calls after its first lookup: GetOptions for a node of ours, the lookups
+// CA repeats for a node that is not (its empty answer is never cached).
+func (r *loopRun) rest(node *pb.ExternalGrpcNode, id string) error {
+	if id != "" {
+		for k := 0; k < r.pattern.optionsPerNode; k++ {
+			if err := r.call("GetOptions", func() error { return r.options(id) }); err != nil {
+				return err
+			}
 		}
-		if err := call("NodeGroupNodes", func() (err error) { n, err := r.instances(g.Id); instances += n; return err }); err != nil {
+		return nil
+	}
+	for k := 1; k < r.pattern.staticLookups; k++ {
+		if err := r.call("NodeGroupForNode", func() (err error) { _, err = r.forNode(node); return }); err != nil {
 			return err
 		}
 	}
-	for _, g := range groups {
-		if err := call("TemplateNodeInfo", func() error { return r.template(g.Id) }); err != nil {
-			return err
-		}
-	}
-	for _, id := range groupOf {
-		if id == "" {
-			continue
-		}
-		if err := call("GetOptions", func() error { return r.options(id) }); err != nil {
-			return err
-		}
-	}
-	r.result.Managed, r.result.Groups, r.result.Instances, r.result.RPCs = managed, len(groups), instances, rpcs
 	return nil
 }
 
@@ -163,13 +204,6 @@ func (r *loopRun) targetSize(id string) error {
 	defer cancel()
 	_, err := r.cl.stub.NodeGroupTargetSize(ctx, &pb.NodeGroupTargetSizeRequest{Id: id})
 	return err
-}
-
-func (r *loopRun) instances(id string) (int, error) {
-	ctx, cancel := r.cl.ctx()
-	defer cancel()
-	res, err := r.cl.stub.NodeGroupNodes(ctx, &pb.NodeGroupNodesRequest{Id: id})
-	return len(res.GetInstances()), err
 }
 
 func (r *loopRun) template(id string) error {

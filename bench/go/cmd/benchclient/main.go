@@ -3,7 +3,9 @@
 // another) and prints its measurements as one JSON object on stdout.
 //
 //	benchclient single   -rpc NodeGroupForNode|TargetSize|GetOptions [-provider-id ID] [-group G]
-//	benchclient loop     -nodes nodes.json -loops K
+//	benchclient single   -rpc TemplateNodeInfo|IncreaseSize|DeleteNodes -group G [-nodes nodes.json]
+//	benchclient loop     -nodes nodes.json -loops K [-static-lookups K -options-per-node K
+//	                     -target-sizes-per-group K -templates K]
 //	benchclient refresh  -calls K
 //	benchclient increase -group G -delta 100 -emulator http://127.0.0.1:PORT -expect N
 //

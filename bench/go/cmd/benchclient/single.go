@@ -22,9 +22,10 @@ func runSingle(args []string) (any, error) {
 	fs := flag.NewFlagSet("single", flag.ExitOnError)
 	var c common
 	c.register(fs)
-	rpcName := fs.String("rpc", "", "NodeGroupForNode, TargetSize or GetOptions")
+	rpcName := fs.String("rpc", "", "NodeGroupForNode, TargetSize, GetOptions, TemplateNodeInfo, IncreaseSize or DeleteNodes")
 	providerID := fs.String("provider-id", "", "NodeGroupForNode: the node's providerID")
-	group := fs.String("group", "", "TargetSize, GetOptions: the node group id")
+	group := fs.String("group", "", "every RPC but NodeGroupForNode: the node group id")
+	nodesPath := fs.String("nodes", "", "DeleteNodes: nodes JSON, one node of the group deleted per call")
 	calls := fs.Int("calls", 2000, "measured calls")
 	warmup := fs.Int("warmup", 200, "calls made first and not measured")
 	_ = fs.Parse(args)
@@ -33,7 +34,16 @@ func runSingle(args []string) (any, error) {
 		return nil, err
 	}
 	defer cl.conn.Close()
-	call, err := singleCall(cl, *rpcName, *providerID, *group)
+	var victims []NodeRef
+	if *rpcName == "DeleteNodes" {
+		if victims, err = readNodes(*nodesPath); err != nil {
+			return nil, err
+		}
+		if len(victims) < *warmup+*calls {
+			return nil, fmt.Errorf("-nodes %s: %d nodes, DeleteNodes needs %d", *nodesPath, len(victims), *warmup+*calls)
+		}
+	}
+	call, err := singleCall(cl, *rpcName, *providerID, *group, victims)
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +71,7 @@ func runSingle(args []string) (any, error) {
 }
 
 // singleCall returns a function making one call of the RPC and describing the answer.
-func singleCall(cl *client, rpcName, providerID, group string) (func() (string, error), error) {
+func singleCall(cl *client, rpcName, providerID, group string, victims []NodeRef) (func() (string, error), error) {
 	switch rpcName {
 	case "NodeGroupForNode":
 		req := &pb.NodeGroupForNodeRequest{Node: grpcNode(NodeRef{ProviderID: providerID, Name: "bench-node"})}
@@ -89,5 +99,38 @@ func singleCall(cl *client, rpcName, providerID, group string) (func() (string, 
 			return fmt.Sprintf("scaleDownUtilizationThreshold=%g", opts.GetScaleDownUtilizationThreshold()), err
 		}, nil
 	}
-	return nil, fmt.Errorf("-rpc %q: expected NodeGroupForNode, TargetSize or GetOptions", rpcName)
+	return forwardedCall(cl, rpcName, group, victims)
+}
+
+// forwardedCall is singleCall for the RPCs that change state or build answers per call.
+func forwardedCall(cl *client, rpcName, group string, victims []NodeRef) (func() (string, error), error) {
+	switch rpcName {
+	case "TemplateNodeInfo":
+		req := &pb.NodeGroupTemplateNodeInfoRequest{Id: group}
+		return func() (string, error) {
+			ctx, cancel := cl.ctx()
+			defer cancel()
+			res, err := cl.stub.NodeGroupTemplateNodeInfo(ctx, req)
+			return fmt.Sprintf("nodeBytes=%t", len(res.GetNodeBytes()) > 0), err
+		}, nil
+	case "IncreaseSize":
+		req := &pb.NodeGroupIncreaseSizeRequest{Id: group, Delta: 1}
+		return func() (string, error) {
+			ctx, cancel := cl.ctx()
+			defer cancel()
+			_, err := cl.stub.NodeGroupIncreaseSize(ctx, req)
+			return "ok", err
+		}, nil
+	case "DeleteNodes":
+		next := 0
+		return func() (string, error) {
+			node := grpcNode(victims[next])
+			next++
+			ctx, cancel := cl.ctx()
+			defer cancel()
+			_, err := cl.stub.NodeGroupDeleteNodes(ctx, &pb.NodeGroupDeleteNodesRequest{Id: group, Nodes: []*pb.ExternalGrpcNode{node}})
+			return "ok", err
+		}, nil
+	}
+	return nil, fmt.Errorf("-rpc %q: expected NodeGroupForNode, TargetSize, GetOptions, TemplateNodeInfo, IncreaseSize or DeleteNodes", rpcName)
 }

@@ -1,8 +1,9 @@
 // Command goref is the benchmark's Go reference server: the externalgrpc CloudProvider service
 // answering NodeGroupForNode, NodeGroupTargetSize and NodeGroupGetOptions from in-memory maps,
-// over the same mTLS setup as cloudscale-autoscaler. Every other RPC answers Unimplemented.
-// It is what a minimal, fast provider costs per call: the single-RPC figures of the Python
-// server are reported as ratios to it.
+// and what else an idle CA loop asks (Refresh: nothing to do; NodeGroups; TemplateNodeInfo: a
+// minimal template node per group, serialized once), over the same mTLS setup as
+// cloudscale-autoscaler. Every other RPC answers Unimplemented. It is what a minimal, fast
+// provider costs per call and per CA loop: the Python server's figures are ratios to it.
 //
 //	goref -listen 127.0.0.1:PORT -state state.json -cert server.crt -key server.key -ca ca.crt
 package main
@@ -28,7 +29,9 @@ import (
 
 	"cloudscale-autoscaler/bench/internal/mtls"
 	pb "cloudscale-autoscaler/bench/internal/pb"
+	corev1 "cloudscale-autoscaler/bench/internal/pb/k8s/corev1"
 	metav1 "cloudscale-autoscaler/bench/internal/pb/k8s/metav1"
+	"cloudscale-autoscaler/bench/internal/pb/k8s/resource"
 )
 
 // Options are a group's autoscalingOptions overrides; nil fields come from CA's defaults.
@@ -60,21 +63,33 @@ type State struct {
 
 type server struct {
 	pb.UnimplementedCloudProviderServer
-	groups  map[string]*Group
-	forNode map[string]*pb.NodeGroupForNodeResponse
+	groups    map[string]*Group
+	forNode   map[string]*pb.NodeGroupForNodeResponse
+	list      *pb.NodeGroupsResponse
+	templates map[string]*pb.NodeGroupTemplateNodeInfoResponse
 }
 
 var notManaged = &pb.NodeGroupForNodeResponse{NodeGroup: &pb.NodeGroup{}}
 
 func newServer(state *State) (*server, error) {
-	s := &server{groups: map[string]*Group{}, forNode: map[string]*pb.NodeGroupForNodeResponse{}}
+	s := &server{
+		groups:    map[string]*Group{},
+		forNode:   map[string]*pb.NodeGroupForNodeResponse{},
+		list:      &pb.NodeGroupsResponse{},
+		templates: map[string]*pb.NodeGroupTemplateNodeInfoResponse{},
+	}
 	answers := map[string]*pb.NodeGroupForNodeResponse{}
 	for i := range state.Groups {
 		g := &state.Groups[i]
 		s.groups[g.ID] = g
-		answers[g.ID] = &pb.NodeGroupForNodeResponse{
-			NodeGroup: &pb.NodeGroup{Id: g.ID, MinSize: g.MinSize, MaxSize: g.MaxSize},
+		group := &pb.NodeGroup{Id: g.ID, MinSize: g.MinSize, MaxSize: g.MaxSize}
+		answers[g.ID] = &pb.NodeGroupForNodeResponse{NodeGroup: group}
+		s.list.NodeGroups = append(s.list.NodeGroups, group)
+		template, err := templateAnswer(g.ID)
+		if err != nil {
+			return nil, err
 		}
+		s.templates[g.ID] = template
 	}
 	for providerID, group := range state.Nodes {
 		answer, ok := answers[group]
@@ -84,6 +99,43 @@ func newServer(state *State) (*server, error) {
 		s.forNode[providerID] = answer
 	}
 	return s, nil
+}
+
+// templateAnswer is a minimal template node for the group, in both generations of the field.
+func templateAnswer(id string) (*pb.NodeGroupTemplateNodeInfoResponse, error) {
+	quantities := map[string]*resource.Quantity{
+		"cpu":    {String_: proto.String("3950m")},
+		"memory": {String_: proto.String("3500Mi")},
+		"pods":   {String_: proto.String("110")},
+	}
+	node := &corev1.Node{
+		Metadata: &metav1.ObjectMeta{
+			Name:   proto.String("template-" + id),
+			Labels: map[string]string{"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+		},
+		Status: &corev1.NodeStatus{Capacity: quantities, Allocatable: quantities},
+	}
+	nodeBytes, err := proto.Marshal(node)
+	if err != nil {
+		return nil, fmt.Errorf("template of %s: %w", id, err)
+	}
+	return &pb.NodeGroupTemplateNodeInfoResponse{NodeInfo: node, NodeBytes: nodeBytes}, nil
+}
+
+func (s *server) Refresh(context.Context, *pb.RefreshRequest) (*pb.RefreshResponse, error) {
+	return &pb.RefreshResponse{}, nil
+}
+
+func (s *server) NodeGroups(context.Context, *pb.NodeGroupsRequest) (*pb.NodeGroupsResponse, error) {
+	return s.list, nil
+}
+
+func (s *server) NodeGroupTemplateNodeInfo(_ context.Context, req *pb.NodeGroupTemplateNodeInfoRequest) (*pb.NodeGroupTemplateNodeInfoResponse, error) {
+	answer, ok := s.templates[req.GetId()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "node group %q is not configured", req.GetId())
+	}
+	return answer, nil
 }
 
 func (s *server) NodeGroupForNode(_ context.Context, req *pb.NodeGroupForNodeRequest) (*pb.NodeGroupForNodeResponse, error) {

@@ -89,7 +89,6 @@ TODAY_FORWARDED_MEAN_US = {
     "DeleteNodes": 0.0,
     "Refresh": 0.0,
 }
-FORWARDED_SIZE = 1000  # the full plan's single-RPC stack, where section f runs
 HOT_RPCS = (
     "NodeGroupForNode (own node)",
     "NodeGroupForNode (foreign node)",
@@ -140,12 +139,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _x,
         _at_most(1.2),
     )
-    forwarded = {row["rpc"]: row["mean_us"] for row in results.get("forwarded_rpcs", [])}
+    forwarded = {row["rpc"]: row for row in results.get("forwarded_rpcs", [])}
     for rpc, today in TODAY_FORWARDED_MEAN_US.items():
+        row = forwarded.get(rpc)
         add(
-            f"{rpc} (forwarded) mean, N={FORWARDED_SIZE:,}",
+            f"{rpc} (forwarded) mean" + ("" if row is None else f", N={row['size']:,}"),
             f"<= {today:.0f} µs (today)",
-            forwarded.get(rpc),
+            None if row is None else row["mean_us"],
             lambda v: f"{v:.0f} µs",
             _at_most(today),
         )

@@ -1,6 +1,7 @@
 """The benchmark (`python -m bench`, bench/README.md) keeps working: its smoke configuration
-(N=100, G=1, two CA loops, a small IncreaseSize) runs end to end, as real processes on
-loopback, and its JSON has every workload's figures. Timings are never asserted."""
+(N=100, G=1, two CA loops of each CA generation's pattern, a small IncreaseSize) runs end to
+end, as real processes on loopback, and its JSON has every workload's figures and the calls
+each CA loop pattern made. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 1200.0
 
 LOOP_KEYS = {
-    "size",
-    "groups",
     "nodes",
     "managed_nodes",
     "rpcs_per_loop",
@@ -31,15 +30,28 @@ LOOP_KEYS = {
     "phases_mean_s",
     "provider_rss_bytes",
 }
-PHASES = {
-    "Refresh",
-    "NodeGroups",
-    "NodeGroupForNode",
-    "TargetSize",
-    "NodeGroupNodes",
-    "TemplateNodeInfo",
-    "GetOptions",
+# What one idle loop of each CA generation sends with 100 nodes of ours in one group and 10
+# static nodes (bench/README.md, "The CA loop patterns"): ours are looked up once (CA caches
+# the answer), static ones at every lookup site (an empty answer is not cached).
+CALLS_PER_LOOP = {
+    "CA 1.34": {
+        "Refresh": 1,
+        "NodeGroups": 1,
+        "NodeGroupForNode": 100 + 10 * 3,
+        "TemplateNodeInfo": 1,
+        "TargetSize": 4,
+        "GetOptions": 0,
+    },
+    "CA 1.36": {
+        "Refresh": 1,
+        "NodeGroups": 1,
+        "NodeGroupForNode": 100 + 10 * 4,
+        "TemplateNodeInfo": 1,
+        "TargetSize": 4,
+        "GetOptions": 2 * 100,
+    },
 }
+FORWARDED_RPCS = ["TemplateNodeInfo", "IncreaseSize", "DeleteNodes", "Refresh"]
 SINGLE_RPCS = [
     "NodeGroupForNode (own node)",
     "NodeGroupForNode (foreign node)",
@@ -89,17 +101,32 @@ def test_machine_is_described(report: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
-def test_ca_loop_figures(report: dict[str, Any]) -> None:
-    [loop] = report["results"]["ca_loop"]
-    assert loop.keys() >= LOOP_KEYS
-    assert (loop["size"], loop["groups"], loop["loops"]) == (100, 1, 2)
-    # 100 servers of ours plus 10 static nodes, only ours managed.
-    assert (loop["nodes"], loop["managed_nodes"], loop["instances"]) == (110, 100, 100)
-    # Refresh, NodeGroups, 110 x NodeGroupForNode, 3 per group, 100 x GetOptions.
-    assert loop["rpcs_per_loop"] == 1 + 1 + 110 + 3 + 100
-    assert set(loop["phases_mean_s"]) == PHASES
-    assert all(is_number(v) for v in loop["phases_mean_s"].values())
-    assert all(is_number(loop[k]) for k in LOOP_KEYS - {"phases_mean_s"})
+def test_ca_loop_patterns_make_each_generations_calls(report: dict[str, Any]) -> None:
+    rows = report["results"]["ca_loop"]
+    assert [row["pattern"] for row in rows] == list(CALLS_PER_LOOP)
+    for row in rows:
+        assert (row["size"], row["groups"]) == (100, 1)
+        assert is_number(row["wall_ratio"]) and row["wall_ratio"] > 0
+        for server in ("ours", "goref"):
+            loop = row[server]
+            assert loop.keys() >= LOOP_KEYS
+            assert loop["loops"] == 2
+            # 100 servers of ours plus 10 static nodes, only ours managed.
+            assert (loop["nodes"], loop["managed_nodes"]) == (110, 100)
+            assert loop["calls_per_loop"] == CALLS_PER_LOOP[row["pattern"]], server
+            assert loop["rpcs_per_loop"] == sum(CALLS_PER_LOOP[row["pattern"]].values())
+            assert set(loop["phases_mean_s"]) == set(CALLS_PER_LOOP[row["pattern"]])
+            assert all(is_number(v) for v in loop["phases_mean_s"].values())
+            assert all(is_number(loop[k]) for k in LOOP_KEYS - {"phases_mean_s"})
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_forwarded_rpc_figures(report: dict[str, Any]) -> None:
+    rows = report["results"]["forwarded_rpcs"]
+    assert [row["rpc"] for row in rows] == FORWARDED_RPCS
+    for row in rows:
+        assert row["calls"] == 5
+        assert all(is_number(row[k]) for k in PER_SERVER_KEYS)
 
 
 @pytest.mark.timeout(TIMEOUT + 60)

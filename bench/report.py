@@ -77,17 +77,18 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return None
 
 
-# Today's figures (bench/RESULTS.md as committed before the compiled transport, same machine):
-# the forwarded RPCs, Refresh and memory must not get worse. Refresh and RSS at N=5,000 are
-# from the run of 2026-11-21; the forwarded RPCs' means were first measured in the run of
-# 2026-11-22 (section f), which introduced them.
+# Today's figures, from bench/RESULTS.md as committed before the compiled transport (issue
+# 13), on this machine: the forwarded RPCs, Refresh and memory must not get worse. Refresh
+# and RSS at N=5,000 are from the run of 2026-11-21 (load 0.4-1.5); the forwarded RPCs' means
+# (section f, N=1,000) from the run of 2026-11-22 that first measured them, at load 11-14 on
+# 2 cores, so they are generous: re-measure them on a quiet machine before comparing.
 TODAY_REFRESH_5000_S = 0.120
 TODAY_RSS_5000_BYTES = 121 * MB
 TODAY_FORWARDED_MEAN_US = {
-    "TemplateNodeInfo": 0.0,
-    "IncreaseSize": 0.0,
-    "DeleteNodes": 0.0,
-    "Refresh": 0.0,
+    "TemplateNodeInfo": 761.0,
+    "IncreaseSize": 4655.0,
+    "DeleteNodes": 53931.0,
+    "Refresh": 41428.0,
 }
 HOT_RPCS = (
     "NodeGroupForNode (own node)",
@@ -147,7 +148,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"<= {today:.0f} µs (today)",
             None if row is None else row["mean_us"],
             lambda v: f"{v:.0f} µs",
-            _at_most(today),
+            _no_worse(today),
         )
     ref = _find(results["refresh"], size=5000)
     add(
@@ -155,7 +156,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"<= {TODAY_REFRESH_5000_S * 1000:.0f} ms (today)",
         None if ref is None else ref["mean_s"],
         lambda v: f"{v * 1000:.0f} ms",
-        _at_most(TODAY_REFRESH_5000_S),
+        _no_worse(TODAY_REFRESH_5000_S * 1000, scale=1000),
     )
     mem = _find(results["memory"], size=5000)
     add(
@@ -163,7 +164,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"<= {TODAY_RSS_5000_BYTES / MB:.0f} MB (today)",
         None if mem is None else mem["rss_bytes"],
         lambda v: f"{v / MB:.0f} MB",
-        _at_most(TODAY_RSS_5000_BYTES),
+        _no_worse(TODAY_RSS_5000_BYTES / MB, scale=1 / MB),
     )
     inc = results.get("increase")
     add(
@@ -189,6 +190,12 @@ def _x(value: float) -> str:
 
 def _at_most(limit: float) -> Callable[[float], bool]:
     return lambda value: value <= limit
+
+
+def _no_worse(today: float, scale: float = 1.0) -> Callable[[float], bool]:
+    """At most today's figure, compared at the precision it is recorded with (whole units
+    after `scale`)."""
+    return lambda value: round(value * scale) <= round(today)
 
 
 # ---- markdown -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ py-spy is not a project dependency: `pip install py-spy` into the venv first. Wr
 collapsed stacks (`<workload>.folded`, for flame-graph tools or speedscope) and prints the
 functions with the most samples, inclusive and self, to stdout.
 
-    python -m bench.profile loop --size 5000 --groups 10
+    python -m bench.profile loop --size 5000 --groups 10 --pattern 1.36
     python -m bench.profile single --rpc NodeGroupForNode
     python -m bench.profile refresh --size 5000
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench import gobuild
 from bench.client import GoClient
+from bench.plan import PATTERNS
 from bench.procs import Processes
 from bench.stack import Layout, ServerSettings, make_certs, populate, start_emulator, start_server
 
@@ -62,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         help="single: NodeGroupForNode, TargetSize or GetOptions",
     )
     parser.add_argument(
+        "--pattern",
+        choices=sorted(PATTERNS),
+        default="1.36",
+        help="loop: the CA generation whose loop pattern to run",
+    )
+    parser.add_argument(
         "--count", type=int, default=2, help="loops / Refresh calls; single: thousands of calls"
     )
     parser.add_argument("--native", action="store_true", help="include native (C) frames")
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes = out / "nodes.json"
             nodes.write_text(json.dumps({"nodes": population.nodes()}))
             client_args = ["-nodes", str(nodes), "-loops", str(args.count)]
+            client_args += PATTERNS[args.pattern].client_args()
         elif args.workload == "refresh":
             client_args = ["-calls", str(args.count)]
         else:

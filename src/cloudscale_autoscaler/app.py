@@ -13,13 +13,19 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpc_health.v1 import health_pb2
 
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.config import Config, ConfigError
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
-from cloudscale_autoscaler.service.provider import CloudProviderService
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.service.gate import gated
+from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
+from cloudscale_autoscaler.serving import Serving
 from cloudscale_autoscaler.transport.interceptors import MetricsInterceptor
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
@@ -28,6 +34,9 @@ from cloudscale_autoscaler.transport.server import (
     start_server,
 )
 from cloudscale_autoscaler.transport.tls import TLSFileError
+
+if TYPE_CHECKING:
+    from cloudscale_autoscaler.kube.link import ClusterLink
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,10 @@ EXIT_BAD_CONFIG = 2
 class Provider:
     service: CloudProviderService
     metrics: Metrics
+    # Whether this replica answers CA (always, unless leader election makes it a standby).
+    serving: Serving = field(default_factory=Serving)
+    # The Kubernetes side (drift checks, leader election), with the `kubernetes:` section.
+    link: ClusterLink | None = None
     # Awaited in reverse order after the server stopped (HTTP clients, background tasks).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -63,8 +76,58 @@ async def build_provider(config: Config) -> Provider:
     provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
     # Closed in reverse: the engine lets creations already sent finish, then the client goes.
     provider.closers += [client.aclose, engine.aclose]
-    await engine.start()
+    link = None
+    if config.kubernetes is not None:
+        # Imported only here: without the section nothing loads the kubernetes package.
+        from cloudscale_autoscaler.kube.link import ClusterLink
+
+        try:
+            link = ClusterLink(config, engine, metrics)
+        except BaseException:
+            await provider.aclose()
+            raise
+        provider.link, provider.serving = link, link.serving
+        provider.closers.append(link.aclose)  # first to close: releases the Lease
+    if link is None or not link.elects:
+        await engine.start()  # with leader election, the Lease holder loads it on takeover
+    if link is not None:
+        link.start()
     return provider
+
+
+def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
+    """What the transport serves: the service, behind the serving gate when replicas elect."""
+    if provider.link is not None and provider.link.elects:
+        return gated(provider.service, provider.serving)
+    return provider.service
+
+
+def _follow_serving(serving: Serving, server: RunningServer) -> None:
+    """The CloudProvider entry of gRPC health follows the gate ("" stays SERVING: a standby
+    is healthy)."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def update(active: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if active
+            else (health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
+        task = asyncio.ensure_future(server.health.set(SERVICE_NAME, status))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    serving.subscribe(update)
+    update(serving.active)
+
+
+def _not_ready(provider: Provider) -> str | None:
+    refusal = provider.serving.refusal()
+    if refusal is not None:
+        return refusal
+    if not provider.service.engine.loaded:
+        return "the cloud API has not answered yet"
+    return None
 
 
 @dataclass
@@ -94,7 +157,7 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     try:
         server = await start_server(
             config,
-            provider.service,
+            servicer_of(provider),
             listen=listen,
             interceptors=[MetricsInterceptor(provider.metrics.observe_rpc)],
         )
@@ -102,10 +165,10 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
         await provider.aclose()
         raise
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
+    _follow_serving(provider.serving, server)
     health = None
     if config.metrics.listen is not None:
-        engine = provider.service.engine
-        health = HealthServer(provider.metrics, ready=lambda: engine.loaded)
+        health = HealthServer(provider.metrics, not_ready=lambda: _not_ready(provider))
         try:
             host, _, port = config.metrics.listen.rpartition(":")
             await health.start(host.strip("[]"), int(port))

@@ -53,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     template.add_argument("group")
     template.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
+    drift = sub.add_parser(
+        "drift", help="compare each group's template with its live Nodes (exit 1 on drift)"
+    )
+    drift.add_argument("--config", type=Path, required=True)
+    drift.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="default: kubernetes.kubeconfig, in a pod its service account, else as kubectl",
+    )
+
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
     demo.add_argument("--certs-dir", type=Path, default=None)
@@ -88,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cloudscale_autoscaler.template.render import template_command
 
         return template_command(args.config, args.group, args.output)
+    if command == "drift":
+        from cloudscale_autoscaler.kube.command import drift_command
+
+        return drift_command(args.config, args.kubeconfig)
     if command == "demo":
         from cloudscale_autoscaler.demo import demo_command
 

@@ -55,6 +55,33 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class LeaderElectionConfig:
+    """A coordination.k8s.io/v1 Lease elects the one replica that serves (client-go's
+    defaults: 15 s lease, 10 s renew deadline, 2 s retry period)."""
+
+    enabled: bool = False
+    lease_name: str = "cloudscale-autoscaler"
+    # None: the pod's own namespace (POD_NAMESPACE, else the service account's namespace file).
+    namespace: str | None = None
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """The optional `kubernetes:` section: the API connection, drift checks, leader election."""
+
+    # None: the in-cluster service account.
+    kubeconfig: Path | None = None
+    # How often live Nodes are compared with the templates; 0 = never.
+    drift_interval_seconds: float = 300.0
+    # Relative difference of a resource below which a node does not count as drifted.
+    drift_tolerance: float = 0.03
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+
+
+@dataclass(frozen=True)
 class Taint:
     key: str
     value: str
@@ -167,6 +194,8 @@ class Config:
     increase_size_wait_seconds: float = 0.05
     # Prices for CA's price expander; None = both pricing RPCs answer UNIMPLEMENTED.
     pricing: PricingConfig | None = None
+    # None: no Kubernetes API connection (no drift checks, no leader election).
+    kubernetes: KubernetesConfig | None = None
 
     def group(self, name: str) -> NodeGroupConfig | None:
         for group in self.node_groups:

@@ -25,6 +25,7 @@ from cloudscale_autoscaler.config import (
     TLSConfig,
 )
 from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
+from cloudscale_autoscaler.configfile.kubernetes import parse_kubernetes
 from cloudscale_autoscaler.configfile.pricing import check_group_prices, parse_pricing
 from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
 from cloudscale_autoscaler.configfile.yamlfile import (
@@ -57,6 +58,7 @@ TOP_KEYS = (
     "placeholderExpiry",
     "increaseSizeWait",
     "pricing",
+    "kubernetes",
     "nodeGroups",
 )
 TLS_KEYS = ("cert", "key", "clientCA", "allowedClients", "insecure")
@@ -133,6 +135,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         top, "increaseSizeWait", DEFAULT_INCREASE_SIZE_WAIT, zero_allowed=True
     )
     pricing = parse_pricing(top)
+    kubernetes = parse_kubernetes(top, base_dir)
     groups = _groups(top, cluster, base_dir)
     check_group_prices(top, pricing, groups)
     return Config(
@@ -146,6 +149,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         placeholder_expiry_seconds=placeholder_expiry,
         increase_size_wait_seconds=increase_wait,
         pricing=pricing,
+        kubernetes=kubernetes,
     )
 
 

@@ -120,11 +120,12 @@ class Metrics:
 
 
 class HealthServer:
-    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered)."""
+    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered, and
+    this replica serves: a standby is alive but not ready)."""
 
-    def __init__(self, metrics: Metrics, ready: Callable[[], bool]) -> None:
+    def __init__(self, metrics: Metrics, not_ready: Callable[[], str | None]) -> None:
         self._metrics = metrics
-        self._ready = ready
+        self._not_ready = not_ready
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -152,6 +153,7 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def _serve_readyz(self, _: web.Request) -> web.Response:
-        if self._ready():
+        reason = self._not_ready()
+        if reason is None:
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: the cloud API has not answered yet\n")
+        return web.Response(status=503, text=f"not ready: {reason}\n")

@@ -129,10 +129,7 @@ class Engine:
         """Stop: drop creations never sent, give requests already out `grace_seconds` to
         finish (their servers carry our tags, so a restart finds them either way)."""
         self._closing = True
-        for group in self._groups.values():
-            _, queued = group.cancellable()
-            for creation in queued:
-                self._cancel_creation(group, creation)
+        self.drop_queued_creations()
         pending = [task for task in self._tasks if not task.done()]
         if pending:
             _, late = await asyncio.wait(pending, timeout=grace_seconds)
@@ -141,6 +138,14 @@ class Engine:
             if late:
                 log.warning("shutdown: abandoned %d cloud request(s) still in flight", len(late))
                 await asyncio.wait(late)
+
+    def drop_queued_creations(self) -> None:
+        """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the
+        next leader counts only servers that exist)."""
+        for group in self._groups.values():
+            _, queued = group.cancellable()
+            for creation in queued:
+                self._cancel_creation(group, creation)
 
     @property
     def loaded(self) -> bool:

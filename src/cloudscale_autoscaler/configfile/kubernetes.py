@@ -1,0 +1,100 @@
+"""The optional `kubernetes:` section: API connection, drift checks and leader election.
+
+Durations follow client-go's leader election rules: leaseDuration > renewDeadline >
+retryPeriod * 1.2 (its jitter factor), all above zero, so a leader always gives up the Lease
+before a standby may take it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cloudscale_autoscaler.config import KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.configfile.reader import Fields, resolve
+from cloudscale_autoscaler.template.quantity import parse_percent
+from cloudscale_autoscaler.validation import dns_label_error, parse_go_duration
+
+KUBERNETES_KEYS = ("kubeconfig", "driftInterval", "driftTolerance", "leaderElection")
+LEADER_ELECTION_KEYS = (
+    "enabled",
+    "leaseName",
+    "namespace",
+    "leaseDuration",
+    "renewDeadline",
+    "retryPeriod",
+)
+DEFAULT_DRIFT_INTERVAL = "5m"
+DEFAULT_DRIFT_TOLERANCE = "3%"
+DEFAULT_LEASE_DURATION = "15s"
+DEFAULT_RENEW_DEADLINE = "10s"
+DEFAULT_RETRY_PERIOD = "2s"
+# client-go's JitterFactor: a retry may come this much later than retryPeriod.
+RETRY_JITTER = 1.2
+
+
+def parse_kubernetes(top: Fields, base_dir: Path) -> KubernetesConfig | None:
+    """None when the section is absent: the product then never talks to Kubernetes."""
+    if not top.present("kubernetes"):
+        return None
+    fields = top.section("kubernetes", KUBERNETES_KEYS)
+    written = fields.string("kubeconfig")
+    kubeconfig = None if written is None else resolve(base_dir, written)
+    if kubeconfig is not None and not kubeconfig.is_file():
+        fields.issues.add(fields.at("kubeconfig"), f"file not found: {kubeconfig}")
+    interval = _duration(fields, "driftInterval", DEFAULT_DRIFT_INTERVAL, zero_allowed=True)
+    return KubernetesConfig(
+        kubeconfig=kubeconfig,
+        drift_interval_seconds=interval,
+        drift_tolerance=_tolerance(fields),
+        leader_election=_leader_election(fields.section("leaderElection", LEADER_ELECTION_KEYS)),
+    )
+
+
+def _duration(fields: Fields, key: str, default: str, *, zero_allowed: bool = False) -> float:
+    seconds = fields.duration(key, example=default)
+    if seconds is None:
+        return parse_go_duration(default)
+    if seconds < 0 or (seconds == 0 and not zero_allowed):
+        bound = ">= 0" if zero_allowed else "> 0"
+        fields.issues.add(fields.at(key), f'must be {bound}, got "{fields.raw(key)}"')
+    return seconds
+
+
+def _tolerance(fields: Fields) -> float:
+    text = fields.string("driftTolerance") or DEFAULT_DRIFT_TOLERANCE
+    try:
+        percent = parse_percent(text)
+    except ValueError as exc:
+        fields.issues.add(fields.at("driftTolerance"), str(exc))
+        return float(parse_percent(DEFAULT_DRIFT_TOLERANCE)) / 100
+    if not 0 <= percent < 100:
+        fields.issues.add(fields.at("driftTolerance"), f'must be from 0% to 99%, got "{text}"')
+    return float(percent) / 100
+
+
+def _leader_election(fields: Fields) -> LeaderElectionConfig:
+    name = fields.string("leaseName") or LeaderElectionConfig.lease_name
+    fields.issues.check(fields.at("leaseName"), dns_label_error(name))
+    namespace = fields.string("namespace")
+    if namespace is not None:
+        fields.issues.check(fields.at("namespace"), dns_label_error(namespace))
+    lease = _duration(fields, "leaseDuration", DEFAULT_LEASE_DURATION)
+    renew = _duration(fields, "renewDeadline", DEFAULT_RENEW_DEADLINE)
+    retry = _duration(fields, "retryPeriod", DEFAULT_RETRY_PERIOD)
+    if renew > 0 and lease <= renew:
+        fields.issues.add(
+            fields.at("leaseDuration"), f"must be greater than renewDeadline ({renew:g}s)"
+        )
+    if retry > 0 and renew <= retry * RETRY_JITTER:
+        fields.issues.add(
+            fields.at("renewDeadline"),
+            f"must be greater than {RETRY_JITTER:g} x retryPeriod ({retry * RETRY_JITTER:g}s)",
+        )
+    return LeaderElectionConfig(
+        enabled=fields.boolean("enabled") or False,
+        lease_name=name,
+        namespace=namespace,
+        lease_duration_seconds=lease,
+        renew_deadline_seconds=renew,
+        retry_period_seconds=retry,
+    )

@@ -1,0 +1,1 @@
+"""The Kubernetes side: API access, template drift checks and leader election."""

@@ -1,0 +1,328 @@
+"""Template drift: what a group's template node promises against what its live Nodes report.
+
+Pure functions over Node objects in their JSON form (the template as `node_to_dict` prints it,
+live Nodes as the API returns them), so the rules are table-tested without a cluster.
+
+What is compared, and why:
+- capacity and allocatable of cpu, memory, ephemeral-storage, pods and nvidia.com/gpu. A
+  difference counts when it exceeds the tolerance relative to the template (default 3%: a real
+  node's memory is a little below the flavor's because the kernel keeps some, and a file system
+  loses a little to metadata). A resource the node does not report counts as 0.
+- the template's labels, except kubernetes.io/hostname (it names each node): pods selecting on
+  a label the template promises but nodes lack trigger scale-ups that never help.
+- taints, both ways, ignoring those Kubernetes and CA set and remove on their own (not-ready,
+  unreachable, uninitialized, pressure, CA's deletion marks): a taint only one side has makes
+  CA's simulation and the scheduler disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.template.allocatable import (
+    CPU,
+    EPHEMERAL_STORAGE,
+    FORMATS,
+    GIB,
+    MEMORY,
+    NVIDIA_GPU,
+    PODS,
+)
+from cloudscale_autoscaler.template.node import (
+    LABEL_HOSTNAME,
+    LABEL_INSTANCE_TYPE,
+    LABEL_REGION,
+    LABEL_ZONE,
+)
+from cloudscale_autoscaler.template.quantity import format_quantity, parse_quantity
+
+RESOURCES = (CPU, MEMORY, EPHEMERAL_STORAGE, PODS, NVIDIA_GPU)
+STATUS_FIELDS = ("capacity", "allocatable")
+ABSENT = "(absent)"
+# Taints that come and go with a node's state, set by Kubernetes controllers or CA itself.
+TRANSIENT_TAINTS = frozenset(
+    {
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/unschedulable",
+        "node.kubernetes.io/memory-pressure",
+        "node.kubernetes.io/disk-pressure",
+        "node.kubernetes.io/pid-pressure",
+        "node.kubernetes.io/network-unavailable",
+        "node.kubernetes.io/out-of-service",
+        "node.cloudprovider.kubernetes.io/uninitialized",
+        "node.cloudprovider.kubernetes.io/shutdown",
+        "ToBeDeletedByClusterAutoscaler",
+        "DeletionCandidateOfClusterAutoscaler",
+    }
+)
+# Labels that differ per node by design.
+PER_NODE_LABELS = frozenset({LABEL_HOSTNAME})
+# Advice amounts are rounded up to these steps, so "raise by" is enough, never short.
+_STEP = {CPU: Fraction(1, 1000), MEMORY: Fraction(2**20), EPHEMERAL_STORAGE: Fraction(2**20)}
+
+Node = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field where a live node differs from the template."""
+
+    field: str  # "allocatable.memory", 'labels["role"]', 'taints["dedicated:NoSchedule"]'
+    template: str  # as the template says it, or ABSENT
+    live: str  # as the node reports it, or ABSENT
+    # (live - template) / template for resources (-1: the node lacks it); None otherwise.
+    ratio: float | None = None
+
+
+def relative_difference(template: Fraction, live: Fraction) -> float:
+    if template == 0:
+        return 0.0 if live == 0 else 1.0
+    return float((live - template) / template)
+
+
+def _quantities(node: Node, field: str) -> Mapping[str, str]:
+    status = node.get("status") or {}
+    return status.get(field) or {}
+
+
+@dataclass(frozen=True)
+class ResourceComparison:
+    field: str  # "allocatable.memory"
+    template: str
+    live: str
+    ratio: float
+
+
+def compare_resources(template: Node, live: Node) -> list[ResourceComparison]:
+    """Every compared resource the template or the node has, within tolerance or not."""
+    found = []
+    for field in STATUS_FIELDS:
+        promised, reported = _quantities(template, field), _quantities(live, field)
+        for resource in RESOURCES:
+            if resource not in promised and resource not in reported:
+                continue
+            want = parse_quantity(promised.get(resource, "0"))
+            have = parse_quantity(reported.get(resource, "0"))
+            found.append(
+                ResourceComparison(
+                    f"{field}.{resource}",
+                    promised.get(resource, ABSENT),
+                    reported.get(resource, ABSENT),
+                    relative_difference(want, have),
+                )
+            )
+    return found
+
+
+def resource_differences(template: Node, live: Node, tolerance: float) -> list[Difference]:
+    return [
+        Difference(c.field, c.template, c.live, c.ratio)
+        for c in compare_resources(template, live)
+        if abs(c.ratio) > tolerance
+    ]
+
+
+def _labels(node: Node) -> Mapping[str, str]:
+    return (node.get("metadata") or {}).get("labels") or {}
+
+
+def label_differences(template: Node, live: Node) -> list[Difference]:
+    have = _labels(live)
+    return [
+        Difference(f'labels["{key}"]', value, have.get(key, ABSENT))
+        for key, value in sorted(_labels(template).items())
+        if key not in PER_NODE_LABELS and have.get(key) != value
+    ]
+
+
+def _taints(node: Node) -> dict[str, str]:
+    """(key:effect) -> value, transient taints left out."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return {
+        f"{t['key']}:{t.get('effect', '')}": t.get("value", "")
+        for t in taints
+        if t.get("key") not in TRANSIENT_TAINTS
+    }
+
+
+def taint_differences(template: Node, live: Node) -> list[Difference]:
+    promised, reported = _taints(template), _taints(live)
+    return [
+        Difference(f'taints["{key}"]', promised.get(key, ABSENT), reported.get(key, ABSENT))
+        for key in sorted(promised.keys() | reported.keys())
+        if promised.get(key) != reported.get(key)
+    ]
+
+
+KINDS = ("resources", "labels", "taints")
+
+
+def kind_of(field: str) -> str:
+    """Which kind of difference a field is: resources, labels or taints."""
+    if field.startswith("labels["):
+        return "labels"
+    if field.startswith("taints["):
+        return "taints"
+    return "resources"
+
+
+def compare_node(template: Node, live: Node, tolerance: float) -> list[Difference]:
+    """Every difference between the template and one live node."""
+    return [
+        *resource_differences(template, live, tolerance),
+        *label_differences(template, live),
+        *taint_differences(template, live),
+    ]
+
+
+@dataclass(frozen=True)
+class GroupDrift:
+    """One field of one group over all its nodes: the worst node, and how many differ."""
+
+    group: str
+    field: str
+    node: str
+    difference: Difference
+    nodes_differing: int
+    nodes_compared: int
+    advice: str
+
+
+def _severity(difference: Difference) -> float:
+    return math.inf if difference.ratio is None else abs(difference.ratio)
+
+
+def summarize(
+    group: NodeGroupConfig,
+    index: int,
+    nodes: Sequence[tuple[str, Sequence[Difference]]],
+) -> list[GroupDrift]:
+    """Per field of the group, the node that differs most (ties: first by name)."""
+    by_field: dict[str, list[tuple[str, Difference]]] = {}
+    for name, differences in sorted(nodes):
+        for difference in differences:
+            by_field.setdefault(difference.field, []).append((name, difference))
+    result = []
+    for field, hits in by_field.items():
+        name, worst = max(hits, key=lambda hit: _severity(hit[1]))
+        result.append(
+            GroupDrift(
+                group.name, field, name, worst, len(hits), len(nodes), advise(worst, group, index)
+            )
+        )
+    return result
+
+
+# --- what to change in the config ---------------------------------------------------------
+
+
+def _amount(resource: str, template: str, live: str) -> str:
+    """|live - template| rounded up to a step an operator would write."""
+    delta = abs(parse_quantity(_zero(live)) - parse_quantity(_zero(template)))
+    step = _STEP.get(resource)
+    if step is not None:
+        delta = math.ceil(delta / step) * step
+    return format_quantity(delta, FORMATS.get(resource, "DecimalSI"))
+
+
+def _zero(value: str) -> str:
+    return "0" if value == ABSENT else value
+
+
+def advise(difference: Difference, group: NodeGroupConfig, index: int) -> str:
+    at = f"nodeGroups[{index}]"
+    field = difference.field
+    if field.startswith("labels["):
+        return _label_advice(field[len('labels["') : -2], difference, at)
+    if field.startswith("taints["):
+        return _taint_advice(field[len('taints["') : -2], difference, at)
+    kind, _, resource = field.partition(".")
+    return _resource_advice(kind, resource, difference, group, at)
+
+
+def _resource_advice(
+    kind: str, resource: str, difference: Difference, group: NodeGroupConfig, at: str
+) -> str:
+    amount = _amount(resource, difference.template, difference.live)
+    short = (difference.ratio or 0) < 0
+    if resource == PODS:
+        return f"set {at}.kubelet.maxPods to {difference.live} (what the kubelet runs with)"
+    if resource == NVIDIA_GPU:
+        if difference.live == ABSENT:
+            return "run the NVIDIA device plugin on the group's nodes (they report no GPU)"
+        return f"the nodes report {difference.live} GPUs: check {at}.flavor ({group.flavor})"
+    if kind == "capacity" and resource == CPU:
+        return f"the nodes report {difference.live} CPUs: check {at}.flavor ({group.flavor})"
+    if kind == "capacity" and resource == EPHEMERAL_STORAGE:
+        size = round(parse_quantity(_zero(difference.live)) / GIB)
+        return (
+            f"set {at}.volumeSizeGB to {size} if that is the servers' root volume; otherwise "
+            f"the file system keeps {amount}: raise {at}.kubelet.systemReserved."
+            f"ephemeral-storage by {amount}"
+        )
+    if kind == "capacity":  # memory: the kernel keeps part of the flavor's memory
+        if short:
+            return f"raise {at}.kubelet.systemReserved.memory by {amount} (the kernel keeps it)"
+        return f"the nodes have more memory than the flavor: check {at}.flavor ({group.flavor})"
+    if short:
+        return f"raise {at}.kubelet.systemReserved.{resource} by {amount}"
+    return (
+        f"lower {at}.kubelet reservations of {resource} (systemReserved, kubeReserved, "
+        f"evictionHard) by {amount}"
+    )
+
+
+def _label_advice(key: str, difference: Difference, at: str) -> str:
+    live = difference.live
+    if key == LABEL_INSTANCE_TYPE:
+        if live == ABSENT:
+            return "the cloud controller manager sets this label: check that it runs"
+        return f"the nodes run flavor {live}: set {at}.flavor to {live}"
+    if key in (LABEL_ZONE, LABEL_REGION):
+        if live == ABSENT:
+            return "the cloud controller manager sets this label: check that it runs"
+        return f"the nodes are in {live}: set {at}.zone to match"
+    labels_at = f'{at}.labels["{key}"]'
+    if live == ABSENT:
+        return (
+            f"add the label to {labels_at} if missing, and pass ${{node_labels}} to the "
+            f"kubelet's --node-labels in {at}.userData"
+        )
+    return f'the nodes say "{live}": set {labels_at} to it, or fix the kubelet\'s --node-labels'
+
+
+def _taint_advice(key: str, difference: Difference, at: str) -> str:
+    if difference.live == ABSENT:
+        return f"pass ${{node_taints}} to the kubelet's --register-with-taints in {at}.userData"
+    name, _, effect = key.rpartition(":")
+    if difference.template == ABSENT:
+        return (
+            f"add {{key: {name}, value: {difference.live!r}, effect: {effect}}} to "
+            f"{at}.taints, or stop the nodes from registering with it"
+        )
+    return f"set the taint's value in {at}.taints to {difference.live!r}"
+
+
+def format_ratio(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:+.1%}"
+
+
+def warning_line(drift: GroupDrift) -> str:
+    """The log line for one group and field."""
+    diff = drift.difference
+    ratio = format_ratio(diff.ratio)
+    return (
+        f"template drift in node group {drift.group}, {drift.field}: template {diff.template}, "
+        f"node {drift.node} reports {diff.live}{f' ({ratio})' if ratio else ''}; "
+        f"{drift.nodes_differing} of {drift.nodes_compared} nodes differ; {drift.advice}"
+    )
+
+
+def groups_of(config_groups: Iterable[NodeGroupConfig]) -> dict[str, tuple[int, NodeGroupConfig]]:
+    return {group.name: (index, group) for index, group in enumerate(config_groups)}

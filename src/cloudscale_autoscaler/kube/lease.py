@@ -1,0 +1,232 @@
+"""Leader election over a coordination.k8s.io/v1 Lease, with client-go's rules.
+
+- A replica takes the Lease when it does not exist (create), when it has no holder, or when
+  the holder has not renewed it for leaseDuration. "Not renewed" is judged on this replica's
+  own clock, from when it last saw the record change, never by comparing the record's
+  timestamps with local time: clocks of two nodes need not agree.
+- Every write is a replace carrying the resourceVersion read just before, so of two replicas
+  racing for an expired Lease exactly one wins (the other gets 409 Conflict).
+- The leader renews every retryPeriod. If no renewal succeeds for renewDeadline it stops
+  serving at once and becomes a standby; renewDeadline < leaseDuration, so it has stopped
+  before any standby may take over. The serving gate also closes by itself at that deadline,
+  in case this process is too starved to notice.
+- On shutdown the leader releases the Lease (empty holder), so a standby takes over within one
+  retryPeriod instead of waiting for the Lease to expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from cloudscale_autoscaler.config import LeaderElectionConfig
+from cloudscale_autoscaler.kube.api import KubeError, Obj
+from cloudscale_autoscaler.serving import Serving
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "coordination.k8s.io/v1"
+# client-go's JitterFactor bound: a retry waits retryPeriod plus up to this share of it.
+JITTER = 0.2
+
+
+class LeaseApi(Protocol):
+    async def get_lease(self, namespace: str, name: str, limit: float) -> Obj | None: ...
+
+    async def create_lease(self, namespace: str, body: Obj, limit: float) -> Obj: ...
+
+    async def replace_lease(self, namespace: str, name: str, body: Obj, limit: float) -> Obj: ...
+
+
+def default_identity() -> str:
+    """The pod name (POD_NAME, from the downward API), else host name and process id."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
+
+
+def micro_time() -> str:
+    """Now as a metav1.MicroTime."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Elector:
+    def __init__(
+        self,
+        api: LeaseApi,
+        settings: LeaderElectionConfig,
+        namespace: str,
+        identity: str,
+        serving: Serving,
+        on_started: Callable[[], Awaitable[None]],
+        on_stopped: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._settings = settings
+        self.namespace = namespace
+        self.identity = identity
+        self._serving = serving
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._clock = clock
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = -math.inf
+        self._lease: Obj | None = None  # the Lease as last read or written
+        self._renewed_at = -math.inf  # when the last successful write was started
+        self.leading = False
+
+    @property
+    def name(self) -> str:
+        return self._settings.lease_name
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Compete for the Lease and lead while holding it, until cancelled."""
+        log.info(
+            "leader election: %s competes for Lease %s/%s", self.identity, self.namespace, self.name
+        )
+        while True:
+            await self._acquire()
+            await self._lead()
+
+    async def _acquire(self) -> None:
+        retry = self._settings.retry_period_seconds
+        while True:
+            if await self._attempt(retry):
+                return
+            await asyncio.sleep(retry * (1 + JITTER * random.random()))
+
+    async def _lead(self) -> None:
+        log.info("leader election: %s acquired Lease %s", self.identity, self._serving.lease)
+        self.leading = True
+        started = asyncio.create_task(self._start())
+        try:
+            while await self._renew():
+                if started.done() and not started.cancelled() and started.exception() is None:
+                    self._serving.serve_until(self._deadline())
+        finally:
+            self.leading = False
+            started.cancel()
+            self._serving.stand_by(self._holder_seen())
+            self._on_stopped()
+
+    async def _start(self) -> None:
+        await self._on_started()
+        self._serving.serve_until(self._deadline())
+
+    def _deadline(self) -> float:
+        return self._renewed_at + self._settings.renew_deadline_seconds
+
+    async def _renew(self) -> bool:
+        """Sleep one retryPeriod, then renew, retrying until the renew deadline."""
+        retry = self._settings.retry_period_seconds
+        await asyncio.sleep(retry)
+        deadline = self._deadline()
+        while (remaining := deadline - self._clock()) > 0:
+            try:
+                if await asyncio.wait_for(self._attempt(remaining), remaining):
+                    return True
+            except TimeoutError:
+                break
+            await asyncio.sleep(min(retry, max(0.0, deadline - self._clock())))
+        log.error(
+            "leader election: %s could not renew Lease %s within %gs: stopping serving",
+            self.identity,
+            self._serving.lease,
+            self._settings.renew_deadline_seconds,
+        )
+        return False
+
+    # --- one attempt ----------------------------------------------------------------------
+
+    async def _attempt(self, limit: float) -> bool:
+        """Create, take or renew the Lease; False when another replica holds it or we lost a
+        race. API errors count as a failed attempt (logged), never as an exception."""
+        started = self._clock()
+        try:
+            won = await self._try(limit)
+        except KubeError as exc:
+            if exc.status != 409:
+                log.warning("leader election: Lease %s: %s", self._serving.lease, exc)
+            return False
+        if won:
+            self._renewed_at = started
+        return won
+
+    async def _try(self, limit: float) -> bool:
+        now = micro_time()
+        lease = await self._api.get_lease(self.namespace, self.name, limit)
+        if lease is None:
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec({}, now),
+            }
+            self._observe(await self._api.create_lease(self.namespace, body, limit))
+            return True
+        self._observe(lease)
+        spec: dict[str, Any] = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if holder and holder != self.identity and not self._expired(spec):
+            self._serving.leader = holder
+            return False
+        lease["spec"] = self._spec(spec, now)
+        self._observe(await self._api.replace_lease(self.namespace, self.name, lease, limit))
+        return True
+
+    def _spec(self, old: dict[str, Any], now: str) -> dict[str, Any]:
+        spec = {
+            **old,
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": math.ceil(self._settings.lease_duration_seconds),
+            "renewTime": now,
+        }
+        if old.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(old.get("leaseTransitions") or 0) + (1 if old else 0)
+        return spec
+
+    def _observe(self, lease: Obj) -> None:
+        self._lease = lease
+        spec = lease.get("spec") or {}
+        key = (spec.get("holderIdentity") or "", spec.get("renewTime") or "")
+        if key != self._observed:
+            self._observed = key
+            self._observed_at = self._clock()
+
+    def _expired(self, spec: dict[str, Any]) -> bool:
+        duration = float(spec.get("leaseDurationSeconds") or 0)
+        return self._observed_at + duration <= self._clock()
+
+    def _holder_seen(self) -> str | None:
+        holder = self._observed[0] if self._observed else ""
+        return holder if holder and holder != self.identity else None
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    async def release(self) -> None:
+        """Give the Lease up (empty holder) if we were its last holder; call after run() was
+        cancelled. Failures only delay the takeover until the Lease expires."""
+        lease = self._lease
+        old = (lease or {}).get("spec") or {}
+        if lease is None or old.get("holderIdentity") != self.identity:
+            return
+        spec = {**old, "holderIdentity": "", "leaseDurationSeconds": 1}
+        body = {**lease, "spec": spec}
+        try:
+            await self._api.replace_lease(
+                self.namespace, self.name, body, self._settings.retry_period_seconds
+            )
+        except KubeError as exc:
+            log.warning("leader election: releasing Lease %s failed: %s", self._serving.lease, exc)
+            return
+        log.info("leader election: %s released Lease %s", self.identity, self._serving.lease)

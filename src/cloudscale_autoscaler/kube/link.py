@@ -1,0 +1,95 @@
+"""A serving provider's connection to its cluster: leader election and drift checks.
+
+Without leader election the drift check runs from the start. With it, the replica holding the
+Lease loads the inventory from the cloud, then opens the serving gate and starts the drift
+check; a replica that loses the Lease closes the gate at once (the elector does), stops the
+drift check and drops creations it has not sent yet (the new leader counts what exists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.engine.engine import Engine
+from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
+from cloudscale_autoscaler.kube.lease import Elector, default_identity
+from cloudscale_autoscaler.kube.watch import DriftWatch
+from cloudscale_autoscaler.metrics import Metrics
+from cloudscale_autoscaler.serving import Serving
+
+log = logging.getLogger(__name__)
+
+
+class ClusterLink:
+    def __init__(self, config: Config, engine: Engine, metrics: Metrics) -> None:
+        settings = config.kubernetes
+        if settings is None:
+            raise ValueError("ClusterLink needs the kubernetes section")
+        self._settings = settings
+        self._engine = engine
+        self._api = KubeApi(load_client(settings.kubeconfig))
+        self.watch = DriftWatch(config, engine, self._api, settings.drift_tolerance)
+        metrics.registry.register(self.watch)
+        self._drift_task: asyncio.Task[None] | None = None
+        self._elector: Elector | None = None
+        self._elector_task: asyncio.Task[None] | None = None
+        self.serving = Serving()
+        election = settings.leader_election
+        if election.enabled:
+            namespace = election.namespace or own_namespace()
+            if namespace is None:
+                raise KubeConfigError(
+                    "kubernetes.leaderElection.namespace: not set, and not running in a pod "
+                    "(no POD_NAMESPACE, no service account namespace file): set it"
+                )
+            self.serving = Serving(f"{namespace}/{election.lease_name}")
+            self._elector = Elector(
+                self._api,
+                election,
+                namespace,
+                default_identity(),
+                self.serving,
+                on_started=self._lead,
+                on_stopped=self._stand_down,
+            )
+
+    @property
+    def elects(self) -> bool:
+        return self._elector is not None
+
+    def start(self) -> None:
+        if self._elector is not None:
+            self._elector_task = asyncio.create_task(self._elector.run())
+        else:
+            self._start_drift()
+
+    async def _lead(self) -> None:
+        # Before serving: the inventory as the cloud has it now, whatever the last leader did.
+        await self._engine.start()
+        self._start_drift()
+
+    def _stand_down(self) -> None:
+        self._stop_drift()
+        self._engine.drop_queued_creations()
+
+    def _start_drift(self) -> None:
+        interval = self._settings.drift_interval_seconds
+        if interval > 0 and self._drift_task is None:
+            self._drift_task = asyncio.create_task(self.watch.run(interval))
+
+    def _stop_drift(self) -> None:
+        if self._drift_task is not None:
+            self._drift_task.cancel()
+            self._drift_task = None
+
+    async def aclose(self) -> None:
+        if self._elector_task is not None and self._elector is not None:
+            self._elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+            await self._elector.release()
+        self._stop_drift()
+        await asyncio.to_thread(self._api.close)

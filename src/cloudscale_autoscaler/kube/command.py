@@ -63,13 +63,12 @@ async def _compare(config: Config, kubeconfig: Path | None) -> DriftReport:
 
 
 def _group_rows(group: GroupReport) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]]
     if group.problem:
         return [(group.group, str(group.nodes), group.problem, "", "", "", "", "ERROR")]
     if not group.nodes:
         return [(group.group, "0", "(no nodes to compare)", "", "", "", "", "")]
     drifted = {drift.field for drift in group.drifts}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for field, (node, comparison) in sorted(group.worst.items()):
         status = "DRIFT" if field in drifted else "ok"
         cells = (comparison.template, comparison.live, node, f"{comparison.ratio:+.1%}", status)
@@ -77,8 +76,8 @@ def _group_rows(group: GroupReport) -> list[tuple[str, ...]]:
     for drift in group.drifts:
         if drift.field not in group.worst:
             diff = drift.difference
-            cells = (drift.field, diff.template, diff.live, drift.node, "", "DRIFT")
-            rows.append((group.group, str(group.nodes), *cells))
+            where = (group.group, str(group.nodes), drift.field)
+            rows.append((*where, diff.template, diff.live, drift.node, "", "DRIFT"))
     return rows
 
 

@@ -72,7 +72,7 @@ files, token file), which the chart owns so they always match the mounts and por
 */}}
 {{- define "cloudscale-autoscaler.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" -}}
+{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" -}}
 {{- if hasKey $cfg $key -}}
 {{- fail (printf "config.%s is set by the chart (from %s); remove it from config" $key $from) -}}
 {{- end -}}
@@ -91,5 +91,18 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- $_ = set $cfg "tls" $tls -}}
 {{- $_ = set $cfg "cloudscale" $cloudscale -}}
 {{- $_ = set $cfg "metrics" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.metrics)) -}}
+{{- with .Values.kubernetes -}}
+{{- if .enabled -}}
+{{- $election := dict "enabled" .leaderElection.enabled "leaseName" (include "cloudscale-autoscaler.fullname" $) "namespace" $.Release.Namespace "leaseDuration" .leaderElection.leaseDuration "renewDeadline" .leaderElection.renewDeadline "retryPeriod" .leaderElection.retryPeriod -}}
+{{- $_ = set $cfg "kubernetes" (dict "driftInterval" .driftInterval "driftTolerance" .driftTolerance "leaderElection" $election) -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* More than one replica is safe only when the replicas elect a leader. */}}
+{{- define "cloudscale-autoscaler.checkReplicas" -}}
+{{- if and (gt (int .Values.replicas) 1) (not (and .Values.kubernetes.enabled .Values.kubernetes.leaderElection.enabled)) -}}
+{{- fail (printf "replicas is %v: more than one replica needs kubernetes.enabled and kubernetes.leaderElection.enabled (two active providers would race on the same servers)" .Values.replicas) -}}
+{{- end -}}
 {{- end -}}

@@ -55,9 +55,12 @@ def live_twin() -> Node:
     node = copy.deepcopy(template())
     node["metadata"] = {
         "name": "prod-workers-abc",
-        "labels": {**node["metadata"]["labels"], "kubernetes.io/hostname": "prod-workers-abc",
-                   "beta.kubernetes.io/os": "linux"},
-    }  # fmt: skip
+        "labels": {
+            **node["metadata"]["labels"],
+            "kubernetes.io/hostname": "prod-workers-abc",
+            "beta.kubernetes.io/os": "linux",
+        },
+    }
     node["spec"] = {"providerID": "cloudscale://x", "taints": [*node["spec"]["taints"]]}
     node["status"]["capacity"]["hugepages-2Mi"] = "0"  # not compared
     return node
@@ -98,7 +101,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
         lambda n: (
             mutate("status.capacity.memory", "8028Mi")(n),
             mutate("status.allocatable.memory", "7428Mi")(n),
-        ),  # fmt: skip
+        ),
         [],
     ),
     (
@@ -121,7 +124,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
         lambda n: (
             mutate("status.capacity.pods", "250")(n),
             mutate("status.allocatable.pods", "250")(n),
-        ),  # fmt: skip
+        ),
         [
             Difference("capacity.pods", "110", "250", (250 - 110) / 110),
             Difference("allocatable.pods", "110", "250", (250 - 110) / 110),
@@ -170,7 +173,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
                 {"key": "dedicated", "value": "batch", "effect": "NoSchedule"},
                 {"key": "gpu", "effect": "NoExecute"},
             ],
-        ),  # fmt: skip
+        ),
         [Difference('taints["gpu:NoExecute"]', ABSENT, "")],
     ),
     (
@@ -193,7 +196,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
                 },
                 {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"},
             ],
-        ),  # fmt: skip
+        ),
         [],
     ),
     (
@@ -208,7 +211,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
                 ("ephemeral-storage", "50Gi" if field == "capacity" else "45Gi"),
                 ("pods", "110"),
             )
-        ],  # fmt: skip
+        ],
     ),
 ]
 
@@ -223,7 +226,7 @@ def test_compare_node(mutation: Callable[[Node], None], expected: list[Differenc
 
 @pytest.mark.parametrize(
     ("want", "have", "ratio"),
-    [(100, 90, -0.1), (100, 100, 0.0), (0, 0, 0.0), (0, 5, 1.0), (4, 0, -1.0)],  # fmt: skip
+    [(100, 90, -0.1), (100, 100, 0.0), (0, 0, 0.0), (0, 5, 1.0), (4, 0, -1.0)],
 )
 def test_relative_difference(want: int, have: int, ratio: float) -> None:
     from fractions import Fraction
@@ -233,41 +236,71 @@ def test_relative_difference(want: int, have: int, ratio: float) -> None:
 
 G = "nodeGroups[2]"
 ADVICE: list[tuple[Difference, str]] = [
-    (Difference("allocatable.memory", "7580Mi", "6822Mi", -0.1),
-     f"raise {G}.kubelet.systemReserved.memory by 758Mi"),
-    (Difference("allocatable.memory", "7580Mi", "7580.5Mi", 0.0001),
-     f"lower {G}.kubelet reservations of memory (systemReserved, kubeReserved, evictionHard) "
-     "by 1Mi"),
-    (Difference("allocatable.cpu", "4", "3900m", -0.025),
-     f"raise {G}.kubelet.systemReserved.cpu by 100m"),
-    (Difference("capacity.memory", "8Gi", "7800Mi", -0.05),
-     f"raise {G}.kubelet.systemReserved.memory by 392Mi (the kernel keeps it)"),
-    (Difference("capacity.ephemeral-storage", "50Gi", "100Gi", 1.0),
-     f"set {G}.volumeSizeGB to 100 if that is the servers' root volume; otherwise the file "
-     f"system keeps 50Gi: raise {G}.kubelet.systemReserved.ephemeral-storage by 50Gi"),
-    (Difference("capacity.cpu", "4", "8", 1.0),
-     f"the nodes report 8 CPUs: check {G}.flavor (flex-8-4)"),
-    (Difference("allocatable.pods", "110", "250", 1.27),
-     f"set {G}.kubelet.maxPods to 250 (what the kubelet runs with)"),
-    (Difference("allocatable.nvidia.com/gpu", "1", ABSENT, -1.0),
-     "run the NVIDIA device plugin on the group's nodes (they report no GPU)"),
-    (Difference('labels["role"]', "worker", ABSENT),
-     f'add the label to {G}.labels["role"] if missing, and pass ${{node_labels}} to the '
-     f"kubelet's --node-labels in {G}.userData"),
-    (Difference('labels["role"]', "worker", "batch"),
-     f'the nodes say "batch": set {G}.labels["role"] to it, or fix the kubelet\'s --node-labels'),
-    (Difference('labels["node.kubernetes.io/instance-type"]', "flex-8-4", "flex-16-4"),
-     f"the nodes run flavor flex-16-4: set {G}.flavor to flex-16-4"),
-    (Difference('labels["topology.kubernetes.io/zone"]', "lpg1", ABSENT),
-     "the cloud controller manager sets this label: check that it runs"),
-    (Difference('labels["topology.kubernetes.io/zone"]', "lpg1", "rma1"),
-     f"the nodes are in rma1: set {G}.zone to match"),
-    (Difference('taints["dedicated:NoSchedule"]', "batch", ABSENT),
-     f"pass ${{node_taints}} to the kubelet's --register-with-taints in {G}.userData"),
-    (Difference('taints["gpu:NoExecute"]', ABSENT, "x"),
-     f"add {{key: gpu, value: 'x', effect: NoExecute}} to {G}.taints, or stop the nodes from "
-     "registering with it"),
-]  # fmt: skip
+    (
+        Difference("allocatable.memory", "7580Mi", "6822Mi", -0.1),
+        f"raise {G}.kubelet.systemReserved.memory by 758Mi",
+    ),
+    (
+        Difference("allocatable.memory", "7580Mi", "7580.5Mi", 0.0001),
+        f"lower {G}.kubelet reservations of memory (systemReserved, kubeReserved, evictionHard) "
+        "by 1Mi",
+    ),
+    (
+        Difference("allocatable.cpu", "4", "3900m", -0.025),
+        f"raise {G}.kubelet.systemReserved.cpu by 100m",
+    ),
+    (
+        Difference("capacity.memory", "8Gi", "7800Mi", -0.05),
+        f"raise {G}.kubelet.systemReserved.memory by 392Mi (the kernel keeps it)",
+    ),
+    (
+        Difference("capacity.ephemeral-storage", "50Gi", "100Gi", 1.0),
+        f"set {G}.volumeSizeGB to 100 if that is the servers' root volume; otherwise the file "
+        f"system keeps 50Gi: raise {G}.kubelet.systemReserved.ephemeral-storage by 50Gi",
+    ),
+    (
+        Difference("capacity.cpu", "4", "8", 1.0),
+        f"the nodes report 8 CPUs: check {G}.flavor (flex-8-4)",
+    ),
+    (
+        Difference("allocatable.pods", "110", "250", 1.27),
+        f"set {G}.kubelet.maxPods to 250 (what the kubelet runs with)",
+    ),
+    (
+        Difference("allocatable.nvidia.com/gpu", "1", ABSENT, -1.0),
+        "run the NVIDIA device plugin on the group's nodes (they report no GPU)",
+    ),
+    (
+        Difference('labels["role"]', "worker", ABSENT),
+        f'add the label to {G}.labels["role"] if missing, and pass ${{node_labels}} to the '
+        f"kubelet's --node-labels in {G}.userData",
+    ),
+    (
+        Difference('labels["role"]', "worker", "batch"),
+        f'the nodes say "batch": set {G}.labels["role"] to it, or fix the kubelet\'s --node-labels',
+    ),
+    (
+        Difference('labels["node.kubernetes.io/instance-type"]', "flex-8-4", "flex-16-4"),
+        f"the nodes run flavor flex-16-4: set {G}.flavor to flex-16-4",
+    ),
+    (
+        Difference('labels["topology.kubernetes.io/zone"]', "lpg1", ABSENT),
+        "the cloud controller manager sets this label: check that it runs",
+    ),
+    (
+        Difference('labels["topology.kubernetes.io/zone"]', "lpg1", "rma1"),
+        f"the nodes are in rma1: set {G}.zone to match",
+    ),
+    (
+        Difference('taints["dedicated:NoSchedule"]', "batch", ABSENT),
+        f"pass ${{node_taints}} to the kubelet's --register-with-taints in {G}.userData",
+    ),
+    (
+        Difference('taints["gpu:NoExecute"]', ABSENT, "x"),
+        f"add {{key: gpu, value: 'x', effect: NoExecute}} to {G}.taints, or stop the nodes from "
+        "registering with it",
+    ),
+]
 
 
 @pytest.mark.parametrize(("difference", "advice"), ADVICE, ids=[a[0].field for a in ADVICE])

@@ -5,4 +5,5 @@ pytest_plugins = [
     "fixtures.tls",
     "fixtures.emulator",
     "fixtures.stack",
+    "fixtures.kube",
 ]

@@ -1,0 +1,257 @@
+"""Template drift against a real kube-apiserver: Node objects created through the API (status
+through the status subresource), the provider reading them with the service account's RBAC
+from deploy/, mapped to groups through the emulator's servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.kube import NEEDS_KUBE, Kube
+from fixtures.stack import CLUSTER, StackFactory, group, group_tags
+from fixtures.tools import run_cli
+from kubernetes import client as k8s
+
+from cloudscale_autoscaler.config import KubeletConfig, KubernetesConfig
+from cloudscale_autoscaler.kube.check import template_of
+
+pytestmark = NEEDS_KUBE
+Node = dict[str, Any]
+WORKERS = group(
+    "workers",
+    labels=(("role", "worker"),),
+    kubelet=KubeletConfig(system_reserved=(("memory", "512Mi"),)),
+)
+
+
+def live_node(template: Node, name: str, server_uuid: str) -> Node:
+    """What a healthy kubelet of this template registers: same labels, capacity, allocatable."""
+    node = copy.deepcopy(template)
+    labels = {**node["metadata"]["labels"], "kubernetes.io/hostname": name}
+    node["metadata"] = {"name": name, "labels": labels}
+    node["spec"] = {"providerID": f"cloudscale://{server_uuid}", "taints": []}
+    node["status"] = {
+        "capacity": node["status"]["capacity"],
+        "allocatable": node["status"]["allocatable"],
+    }
+    return node
+
+
+def create_node(api: k8s.ApiClient, node: Node) -> None:
+    core = k8s.CoreV1Api(api)
+    status = node["status"]
+    core.create_node({**node, "status": {}})
+    current = core.read_node(node["metadata"]["name"])
+    current.status = k8s.V1NodeStatus(
+        capacity=status["capacity"], allocatable=status["allocatable"]
+    )
+    core.replace_node_status(node["metadata"]["name"], current)
+
+
+class Nodes:
+    """Nodes this test creates (the apiserver is shared by the session), deleted afterwards."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.api = kube.client()
+        self.names: list[str] = []
+
+    async def create(self, node: Node) -> str:
+        await asyncio.to_thread(create_node, self.api, node)
+        self.names.append(node["metadata"]["name"])
+        return str(node["metadata"]["name"])
+
+    async def delete(self, name: str) -> None:
+        await asyncio.to_thread(k8s.CoreV1Api(self.api).delete_node, name)
+        self.names.remove(name)
+
+
+@pytest.fixture
+async def nodes(kube: Kube) -> AsyncIterator[Nodes]:
+    created = Nodes(kube)
+    yield created
+    for name in list(created.names):
+        await created.delete(name)
+    created.api.close()
+
+
+async def arrange(stack: StackFactory, kube: Kube, nodes: Nodes, emulator: RunningEmulator) -> Any:
+    """A provider with the kubernetes section (service account kubeconfig) and four Nodes:
+    one like the template, one 10% short of allocatable memory, one without the group's
+    label, one of a server that is not ours."""
+    settings = KubernetesConfig(kubeconfig=kube.provider_kubeconfig, drift_interval_seconds=0)
+    s = await stack(groups=[WORKERS], kubernetes=settings)
+    template = await template_of(s.provider.service.engine, "workers")
+    suffix = uuid.uuid4().hex[:6]
+    servers = [
+        await emulator.admin.create_server(f"w-{i}", tags=group_tags("workers"), zone="lpg1")
+        for i in range(3)
+    ]
+    stranger = await emulator.admin.create_server("other", tags={"k8s-cluster": "elsewhere"})
+    await s.refresh()
+
+    def variant(index: int, change: Callable[[Node], None]) -> Node:
+        node = live_node(template, f"{kind[index]}-{suffix}", servers[index]["uuid"])
+        change(node)
+        return node
+
+    kind = ["match", "short", "unlabeled"]
+    await nodes.create(variant(0, lambda n: None))
+    await nodes.create(variant(1, lambda n: n["status"]["allocatable"].update(memory="6822Mi")))
+    await nodes.create(variant(2, lambda n: n["metadata"]["labels"].pop("role")))
+    await nodes.create(live_node({**template}, f"stranger-{suffix}", stranger["uuid"]))
+    return s, suffix
+
+
+async def test_drift_check_reports_gauges_and_warnings(
+    stack: StackFactory,
+    kube: Kube,
+    nodes: Nodes,
+    emulator: RunningEmulator,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s, suffix = await arrange(stack, kube, nodes, emulator)
+    link = s.provider.link
+    assert link is not None and not link.elects
+    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.kube.watch"):
+        report = await link.watch.check_once()
+    (workers,) = report.groups
+    assert workers.nodes == 3, "the stranger's node is not ours"
+    by_field = {d.field: d for d in workers.drifts}
+    assert set(by_field) == {"allocatable.memory", 'labels["role"]'}
+    memory = by_field["allocatable.memory"]
+    assert (memory.node, memory.difference.template, memory.difference.live) == (
+        f"short-{suffix}",
+        "7580Mi",
+        "6822Mi",
+    )
+    assert memory.advice == "raise nodeGroups[0].kubelet.systemReserved.memory by 758Mi"
+    assert by_field['labels["role"]'].node == f"unlabeled-{suffix}"
+    assert workers.differing == {
+        "resources": {f"short-{suffix}"},
+        "labels": {f"unlabeled-{suffix}"},
+    }
+
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings
+    assert any(f"node short-{suffix} reports 6822Mi (-10.0%)" in w for w in warnings), warnings
+    assert any(f"node unlabeled-{suffix} reports (absent)" in w for w in warnings), warnings
+
+    registry = s.provider.metrics.registry
+    ratio = registry.get_sample_value(
+        "cloudscale_autoscaler_template_drift_ratio",
+        {"group": "workers", "resource": "allocatable.memory"},
+    )
+    assert ratio == pytest.approx((6822 - 7580) / 7580)
+    assert registry.get_sample_value(
+        "cloudscale_autoscaler_template_drift_ratio",
+        {"group": "workers", "resource": "capacity.cpu"},
+    ) == pytest.approx(0.0)
+    for kind, count in (("resources", 1), ("labels", 1), ("taints", 0)):
+        labels = {"group": "workers", "kind": kind}
+        assert (
+            registry.get_sample_value("cloudscale_autoscaler_template_drift_nodes", labels) == count
+        )
+    assert (
+        registry.get_sample_value(
+            "cloudscale_autoscaler_template_drift_checked_nodes", {"group": "workers"}
+        )
+        == 3
+    )
+
+
+def write_drift_config(tmp_path: Path, emulator: RunningEmulator, kubeconfig: Path | None) -> Path:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    document: dict[str, Any] = {
+        "cluster": CLUSTER,
+        "tls": {"insecure": True},
+        "cloudscale": {"url": emulator.url, "tokenFile": str(token)},
+        "nodeGroups": [
+            {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
+             "image": "debian-12", "zone": "lpg1", "labels": {"role": "worker"},
+             "kubelet": {"systemReserved": {"memory": "512Mi"}}},
+        ],
+    }  # fmt: skip
+    if kubeconfig is not None:
+        document["kubernetes"] = {"kubeconfig": str(kubeconfig)}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+async def test_drift_command_prints_the_table_and_exits_by_verdict(
+    stack: StackFactory, kube: Kube, nodes: Nodes, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    _, suffix = await arrange(stack, kube, nodes, emulator)
+    config = write_drift_config(tmp_path, emulator, kube.provider_kubeconfig)
+
+    drifted = await asyncio.to_thread(run_cli, "drift", "--config", str(config))
+    assert drifted.returncode == 1, drifted.stderr
+    rows = [line.split() for line in drifted.stdout.splitlines()]
+    assert rows[0] == ["GROUP", "NODES", "FIELD", "TEMPLATE", "LIVE", "NODE", "DIFF"]
+    assert ["workers", "3", "allocatable.memory", "7580Mi", "6822Mi", f"short-{suffix}", "-10.0%",
+            "DRIFT"] in rows  # fmt: skip
+    assert [
+        "workers",
+        "3",
+        "capacity.memory",
+        "8Gi",
+        "8Gi",
+        f"match-{suffix}",
+        "+0.0%",
+        "ok",
+    ] in rows
+    assert [
+        "workers",
+        "3",
+        'labels["role"]',
+        "worker",
+        "(absent)",
+        f"unlabeled-{suffix}",
+        "DRIFT",
+    ] in rows
+    assert "raise nodeGroups[0].kubelet.systemReserved.memory by 758Mi" in drifted.stdout
+
+    await nodes.delete(f"short-{suffix}")
+    await nodes.delete(f"unlabeled-{suffix}")
+    # The kubeconfig flag wins over the config's (which now names the cluster admin).
+    config = write_drift_config(tmp_path, emulator, kube.admin_kubeconfig)
+    clean = await asyncio.to_thread(
+        run_cli, "drift", "--config", str(config), "--kubeconfig", str(kube.provider_kubeconfig)
+    )
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "No drift" in clean.stdout
+    assert ["workers", "1", "allocatable.memory", "7580Mi", "7580Mi", f"match-{suffix}", "+0.0%",
+            "ok"] in [line.split() for line in clean.stdout.splitlines()]  # fmt: skip
+
+
+async def test_drift_command_errors_exit_2_naming_the_cause(
+    kube: Kube, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    config = write_drift_config(tmp_path, emulator, None)
+    forbidden = await asyncio.to_thread(
+        run_cli, "drift", "--config", str(config), "--kubeconfig", str(kube.nobody_kubeconfig)
+    )
+    assert forbidden.returncode == 2
+    assert 'nodes is forbidden: User "nobody" cannot list resource "nodes"' in forbidden.stderr
+    assert "Traceback" not in forbidden.stderr
+
+    missing = await asyncio.to_thread(
+        run_cli, "drift", "--config", str(config), "--kubeconfig", str(tmp_path / "nope")
+    )
+    assert missing.returncode == 2
+    assert f"cannot use kubeconfig {tmp_path / 'nope'}" in missing.stderr
+
+    (tmp_path / "bad.yaml").write_text("cluster: prod\n")
+    bad = await asyncio.to_thread(run_cli, "drift", "--config", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2 and "nodeGroups: required" in bad.stderr

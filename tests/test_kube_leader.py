@@ -1,0 +1,270 @@
+"""Two replicas, one active: real `serve` processes electing a leader over a Lease in a real
+kube-apiserver, with the service account's RBAC from deploy/.
+
+Lease timings are short (3 s lease, 2 s renew deadline, 0.5 s retry) so takeovers are quick;
+they are config values, the code paths are the production ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from campaign.serve import ServeProcess, start_serve, write_config
+from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.kube import NAMESPACE, NEEDS_KUBE, Kube
+from fixtures.stack import wait_until
+from fixtures.tls import PKI, grpc_channel
+from fixtures.tools import free_port
+from kubernetes import client as k8s
+
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+
+pytestmark = NEEDS_KUBE
+LEASE = "cloudscale-autoscaler"  # the one name deploy/'s Role lets the provider update
+CLUSTER = "ha"
+LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3.0, 2.0, 0.5
+RPC_TIMEOUT = 10.0
+GROUP = {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
+         "image": "debian-12", "zone": "lpg1"}  # fmt: skip
+
+
+def lease_api(kube: Kube) -> k8s.CoordinationV1Api:
+    return k8s.CoordinationV1Api(kube.client())
+
+
+async def read_lease(kube: Kube) -> Any:
+    return await asyncio.to_thread(lease_api(kube).read_namespaced_lease, LEASE, NAMESPACE)
+
+
+@pytest.fixture
+async def fresh_lease(kube: Kube) -> AsyncIterator[None]:
+    """No Lease left from another test (they share the apiserver and the Lease name)."""
+
+    def delete() -> None:
+        with contextlib.suppress(k8s.ApiException):
+            lease_api(kube).delete_namespaced_lease(LEASE, NAMESPACE)
+
+    await asyncio.to_thread(delete)
+    yield
+    await asyncio.to_thread(delete)
+
+
+def ha_config(tmp_path: Path, name: str, pki: PKI, emulator: RunningEmulator, kube: Kube) -> Path:
+    return write_config(
+        tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
+        cloudscale={"maxConcurrentCreates": 2},
+        metrics={"listen": f"127.0.0.1:{free_port()}"},
+        kubernetes={
+            "kubeconfig": str(kube.provider_kubeconfig),
+            "driftInterval": "0s",
+            "leaderElection": {
+                "enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
+                "leaseDuration": f"{LEASE_SECONDS:g}s", "renewDeadline": f"{RENEW_SECONDS:g}s",
+                "retryPeriod": f"{RETRY_SECONDS * 1000:g}ms",
+            },
+        },
+    )  # fmt: skip
+
+
+async def replica(config: Path, name: str) -> ServeProcess:
+    return await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
+
+
+async def ready(process: ServeProcess) -> tuple[int, str]:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://127.0.0.1:{process.metrics_port}/readyz")
+    return answer.status_code, answer.text
+
+
+async def call(process: ServeProcess, pki: PKI, rpc: str, request: object) -> Any:
+    async with grpc_channel(pki, process.address) as channel:
+        stub = pb_grpc.CloudProviderStub(channel)
+        return await getattr(stub, rpc)(request, timeout=RPC_TIMEOUT)
+
+
+async def refused(process: ServeProcess, pki: PKI, rpc: str, request: object) -> str:
+    """The UNAVAILABLE message a non-serving replica answers `rpc` with."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(process, pki, rpc, request)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+    return str(caught.value.details())
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], limit: float, what: str) -> float:
+    """Seconds until `condition` held."""
+    start = time.monotonic()
+    await wait_until(condition, limit, what)
+    return time.monotonic() - start
+
+
+def parse_time(value: Any) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+
+
+@pytest.mark.usefixtures("fresh_lease")
+async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+) -> None:
+    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
+    b: ServeProcess | None = None
+    try:
+        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
+        b = await replica(ha_config(tmp_path, "b", pki, emulator, kube), "replica-b")
+        await b.wait_for_output("competes for Lease")
+        status, text = await ready(b)
+        assert status == 503 and "standby" in text and "replica-a" in text, text
+        message = await refused(b, pki, "NodeGroups", pb.NodeGroupsRequest())
+        assert (
+            message
+            == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): the leader is replica-a"
+        )
+        assert (await ready(a))[0] == 200
+
+        # Creations held by the API; two in flight (maxConcurrentCreates), two queued.
+        await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+        await call(a, pki, "NodeGroupIncreaseSize",
+                   pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4))  # fmt: skip
+
+        async def creations_out() -> bool:
+            return (await emulator.admin.in_flight()).get("create_server", 0) == 2
+
+        await wait_until(creations_out, 30, "creations did not reach the API")
+        renewed = parse_time((await read_lease(kube)).spec.renew_time)
+        a.process.kill()  # SIGKILL: no release, no goodbye
+        await a.process.wait()
+        takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+        lease = (await read_lease(kube)).spec
+        assert lease.holder_identity == "replica-b"
+        assert lease.lease_transitions >= 1
+        # B took the Lease once it had not been renewed for leaseDuration, not earlier, and
+        # not much later (a renewal of A may follow the read above by one retryPeriod; B
+        # retries every retryPeriod plus jitter).
+        waited = (parse_time(lease.acquire_time) - renewed).total_seconds()
+        assert LEASE_SECONDS - RETRY_SECONDS <= waited <= LEASE_SECONDS + 3 * RETRY_SECONDS, waited
+        assert takeover < LEASE_SECONDS + 3 * RETRY_SECONDS + RPC_TIMEOUT, takeover
+
+        # What reached the API finishes; then CA, now served by B, asks for its 4 again.
+        await emulator.admin.clear_faults()
+
+        async def api_idle() -> bool:
+            return not (await emulator.admin.in_flight()).get("create_server", 0)
+
+        await wait_until(api_idle, 30, "the API is still creating")
+        await call(b, pki, "Refresh", pb.RefreshRequest())
+        target = (await call(b, pki, "NodeGroupTargetSize",
+                             pb.NodeGroupTargetSizeRequest(id="workers"))).targetSize  # fmt: skip
+        servers = await emulator.admin.servers()
+        assert target == len(servers), "the new leader counts every server A created"
+        if target < 4:
+            await call(b, pki, "NodeGroupIncreaseSize",
+                       pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4 - target))  # fmt: skip
+
+        async def four_exist() -> bool:
+            return len(await emulator.admin.servers()) == 4 and await api_idle()
+
+        await wait_until(four_exist, 30, "four servers never existed")
+        await call(b, pki, "Refresh", pb.RefreshRequest())
+        nodes = await call(b, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
+        final = await call(
+            b, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
+        )
+    finally:
+        await a.kill()
+        if b is not None:
+            await b.kill()
+    servers = await emulator.admin.servers()
+    assert len(servers) == 4
+    assert len({s["uuid"] for s in servers}) == len({s["name"] for s in servers}) == 4
+    for server in servers:
+        assert server["tags"][TAG_CLUSTER] == CLUSTER and server["tags"][TAG_GROUP] == "workers"
+    assert final.targetSize == 4
+    assert sorted(i.id for i in nodes.instances) == sorted(
+        f"cloudscale://{s['uuid']}" for s in servers
+    )
+
+
+async def _is_ready(process: ServeProcess) -> bool:
+    if process.process.returncode is not None:
+        raise AssertionError(f"replica exited:\n{process.output}")
+    return (await ready(process))[0] == 200
+
+
+@pytest.mark.usefixtures("fresh_lease")
+async def test_leader_that_loses_the_lease_stops_serving_at_once(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+) -> None:
+    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
+    try:
+        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
+
+        def steal() -> None:
+            api = lease_api(kube)
+            lease = api.read_namespaced_lease(LEASE, NAMESPACE)
+            lease.spec.holder_identity = "intruder"
+            lease.spec.lease_duration_seconds = 600
+            lease.spec.renew_time = datetime.now(UTC)
+            api.replace_namespaced_lease(LEASE, NAMESPACE, lease)
+
+        await asyncio.to_thread(steal)
+        stolen = time.monotonic()
+
+        async def refusing() -> bool:
+            try:
+                await call(a, pki, "NodeGroupIncreaseSize",
+                           pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))  # fmt: skip
+            except grpc.aio.AioRpcError as error:
+                return error.code() == grpc.StatusCode.UNAVAILABLE
+            raise AssertionError("IncreaseSize succeeded after the Lease was taken")
+
+        # The first IncreaseSize may still land (the leader renews only every retryPeriod);
+        # once the renew deadline passed it must be refused.
+        await asyncio.sleep(RENEW_SECONDS + RETRY_SECONDS)
+        await eventually(refusing, RETRY_SECONDS * 2, "the old leader still serves")
+        assert time.monotonic() - stolen < LEASE_SECONDS
+        message = await refused(
+            a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
+        )
+        assert "the leader is intruder" in message
+        status, text = await ready(a)
+        assert status == 503 and "intruder" in text
+        assert "could not renew Lease" in a.output
+    finally:
+        code = await a.stop(signal.SIGTERM)
+    assert code == 0, a.output
+    lease = (await read_lease(kube)).spec
+    assert lease.holder_identity == "intruder", "a standby never releases a Lease it does not hold"
+
+
+@pytest.mark.usefixtures("fresh_lease")
+async def test_graceful_shutdown_hands_the_lease_over_at_once(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+) -> None:
+    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
+    b: ServeProcess | None = None
+    try:
+        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
+        b = await replica(ha_config(tmp_path, "b", pki, emulator, kube), "replica-b")
+        await b.wait_for_output("competes for Lease")
+        assert (await ready(b))[0] == 503
+        assert await a.stop(signal.SIGTERM) == 0, a.output
+        assert "released Lease" in a.output
+        takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+        assert takeover < LEASE_SECONDS, "released, not expired"
+        assert (await read_lease(kube)).spec.holder_identity == "replica-b"
+        assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())
+    finally:
+        await a.kill()
+        if b is not None:
+            await b.kill()

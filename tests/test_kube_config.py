@@ -99,7 +99,8 @@ ROWS: list[tuple[str, Any, list[str]]] = [
         "tolerance not a percentage",
         {"driftTolerance": "0.03"},
         [
-            'kubernetes.driftTolerance: invalid percentage "0.03": expected a number followed by %, such as 10%'
+            'kubernetes.driftTolerance: invalid percentage "0.03": '
+            "expected a number followed by %, such as 10%"
         ],
     ),
     (

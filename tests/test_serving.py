@@ -3,6 +3,9 @@ through the real gRPC server while it is closed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import grpc
 import pytest
 from fixtures.emulator import FakeClock
@@ -69,3 +72,15 @@ async def test_every_rpc_is_refused_while_standby(stack: StackFactory) -> None:
             assert [g.id for g in reply.nodeGroups] == ["workers"]
     finally:
         await server.stop(0)
+
+
+def test_nothing_loads_kubernetes_without_the_section() -> None:
+    """The serve path (app, CLI, service, gate) imports the kubernetes package only when the
+    config has a `kubernetes:` section."""
+    code = (
+        "import sys, cloudscale_autoscaler.app, cloudscale_autoscaler.cli, "
+        "cloudscale_autoscaler.config_loader; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -539,10 +539,10 @@ def go_seconds(duration: str) -> float:
 
 def check_hardening(deployment: Doc) -> None:
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}, "two providers must never run at once"
+    # One replica: never two at once. Several: a standby is never ready, so a rolling update
+    # would wait for it forever.
+    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -676,6 +676,61 @@ def check_issuer_chain(bundle: Bundle, *leaves: Doc) -> None:
     assert "selfSigned" in root["spec"]
 
 
+def rules_of(bundle: Bundle, kind: str, subject: Doc) -> list[Doc]:
+    """Rules of every `kind` (Role, ClusterRole) bound to `subject` by its binding kind."""
+    binding_kind = f"{kind}Binding"
+    names = [
+        b["roleRef"]["name"]
+        for b in bundle.all(binding_kind)
+        if b["roleRef"]["kind"] == kind and subject in b["subjects"]
+    ]
+    return [rule for name in names for rule in bundle.get(kind, name)["rules"]]
+
+
+def check_cluster_access(bundle: Bundle, config: Doc) -> None:
+    """With the `kubernetes` section: a token, RBAC for exactly what the provider does (read
+    Nodes; create, get and update its own Lease in its namespace) and, with several replicas,
+    leader election, a PDB and one replica per node. Without it: none of that."""
+    deployment = bundle.provider()
+    pod = deployment["spec"]["template"]["spec"]
+    namespace = deployment["metadata"]["namespace"]
+    subject = {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": namespace}
+    kube = config.get("kubernetes")
+    replicas = deployment["spec"]["replicas"]
+    assert pod["automountServiceAccountToken"] is (kube is not None)
+    if kube is None:
+        assert replicas == 1, "several replicas without leader election would race"
+        assert not bundle.all("ClusterRole") and not bundle.all("Role")
+        assert not bundle.all("PodDisruptionBudget")
+        return
+    assert rules_of(bundle, "ClusterRole", subject) == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    election = kube["leaderElection"]
+    assert election["enabled"] is True and replicas == 2
+    assert election.get("namespace", namespace) == namespace
+    assert rules_of(bundle, "Role", subject) == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [election["leaseName"]],
+            "verbs": ["get", "update"],
+        },
+    ]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (pdb,) = bundle.all("PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert spread["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container_of(deployment)["env"]
+    }
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
 def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
     """Everything that must hold for a rendered install (kustomize build or helm template)."""
     assert_deserializes(docs, source)
@@ -687,6 +742,7 @@ def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
     config = provider_config(bundle)
     check_probes(deployment, config)
     check_config_paths(deployment, config)
+    check_cluster_access(bundle, config)
     loaded = load_pod_config(config, tmp_path)
     assert loaded.node_groups, "an example node group"
     service = check_service(bundle)
@@ -841,6 +897,7 @@ HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "defaults": ([], {}),
     "servicemonitor": (["--set", "serviceMonitor.enabled=true"], {}),
     "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
+    "single-replica": (["--set", "replicas=1,kubernetes.enabled=false"], {}),
     "other-release": (
         ["--set", "ports.grpc=9443", "--set", "grpcTimeout=30s", "--set", "config.cluster=prod"],
         {"release": "autoscaler", "namespace": "autoscaling"},
@@ -892,6 +949,10 @@ def test_helm_other_release_follows_names_and_values(helm: str) -> None:
         (["--set", "logFormat=xml"], "/logFormat"),
         (["--set", "config.cluster=Not_A_Label"], "/config/cluster"),
         (["--set", "grpcTimeout=15"], "/grpcTimeout"),
+        (["--set", "kubernetes.leaderElection.enabled=false"], "more than one replica needs"),
+        (["--set", "replicas=3,kubernetes.enabled=false"], "replicas is 3: more than one"),
+        (["--set", "config.kubernetes.driftInterval=1m"], "config.kubernetes is set by the chart"),
+        (["--set", "kubernetes.driftInterval=5"], "/kubernetes/driftInterval"),
     ],
 )
 def test_helm_rejects_bad_values_naming_them(helm: str, args: list[str], expected: str) -> None:
@@ -925,6 +986,19 @@ def test_helm_and_kustomize_produce_the_same_objects(helm: str, kustomize: list[
     )
     helm_pod, kust_pod = (d[("Deployment", PROVIDER)]["spec"] for d in (chart, kust))
     assert helm_pod["strategy"] == kust_pod["strategy"]
+    for kind in ("ClusterRole", "Role"):
+        for name in {key[1] for key in chart if key[0] == kind}:
+            assert chart[(kind, name)]["rules"] == kust[(kind, name)]["rules"], (kind, name)
+    pdb = ("PodDisruptionBudget", PROVIDER)
+    assert chart[pdb]["spec"]["maxUnavailable"] == kust[pdb]["spec"]["maxUnavailable"]
+    helm_kube, kust_kube = (
+        yaml.safe_load(d[("ConfigMap", f"{PROVIDER}-config")]["data"]["config.yaml"])["kubernetes"]
+        for d in (chart, kust)
+    )
+    assert helm_kube["driftInterval"] == kust_kube["driftInterval"]
+    for key in ("enabled", "leaseName"):
+        assert helm_kube["leaderElection"][key] == kust_kube["leaderElection"][key], key
+    assert helm_pod["replicas"] == kust_pod["replicas"]
     for field in ("securityContext", "automountServiceAccountToken", "serviceAccountName"):
         assert helm_pod["template"]["spec"][field] == kust_pod["template"]["spec"][field], field
     helm_c, kust_c = (

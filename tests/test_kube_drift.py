@@ -24,7 +24,7 @@ from kubernetes import client as k8s
 from cloudscale_autoscaler.config import KubeletConfig, KubernetesConfig
 from cloudscale_autoscaler.kube.check import template_of
 
-pytestmark = NEEDS_KUBE
+pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 Node = dict[str, Any]
 WORKERS = group(
     "workers",

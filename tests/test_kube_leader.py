@@ -31,7 +31,7 @@ from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 
-pytestmark = NEEDS_KUBE
+pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 LEASE = "cloudscale-autoscaler"  # the one name deploy/'s Role lets the provider update
 CLUSTER = "ha"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3.0, 2.0, 0.5

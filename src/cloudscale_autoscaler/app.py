@@ -102,6 +102,22 @@ def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
     return provider.service
 
 
+# With leader election, client connections are closed (GOAWAY) after this age, so CA,
+# which otherwise keeps one connection for its lifetime, reconnects through the Service to
+# whichever replica is ready: a leader that lost the Lease but lives on is left within it.
+MAX_CONNECTION_AGE_SECONDS = 30.0
+MAX_CONNECTION_AGE_GRACE_SECONDS = 30.0
+
+
+def _connection_options(provider: Provider) -> list[tuple[str, int]]:
+    if provider.link is None or not provider.link.elects:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", int(MAX_CONNECTION_AGE_SECONDS * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(MAX_CONNECTION_AGE_GRACE_SECONDS * 1000)),
+    ]
+
+
 def _follow_serving(serving: Serving, server: RunningServer) -> None:
     """The CloudProvider entry of gRPC health follows the gate ("" stays SERVING: a standby
     is healthy)."""
@@ -160,6 +176,7 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
             servicer_of(provider),
             listen=listen,
             interceptors=[MetricsInterceptor(provider.metrics.observe_rpc)],
+            extra_options=_connection_options(provider),
         )
     except BaseException:
         await provider.aclose()

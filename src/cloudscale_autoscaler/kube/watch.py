@@ -46,6 +46,8 @@ class DriftWatch(Collector):
                 await self.check_once()
             except KubeError as exc:
                 log.warning("template drift check: listing Nodes failed: %s", exc)
+            except Exception:  # a Node we cannot read must not end the checks for good
+                log.exception("template drift check failed")
             await asyncio.sleep(interval)
 
     async def check_once(self) -> DriftReport:

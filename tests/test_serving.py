@@ -45,7 +45,8 @@ def test_states_and_messages() -> None:
     )
     serving.stand_by("replica-b")
     assert seen == [True], "it was closed already"
-    assert serving.refusal() == f"this replica is a standby (Lease {LEASE}): the leader is replica-b"
+    standby = f"this replica is a standby (Lease {LEASE}): the leader is replica-b"
+    assert serving.refusal() == standby
     serving.serve_until(clock() + 1)
     serving.stand_by(None)
     assert seen == [True, True, False]

@@ -80,8 +80,30 @@ def ha_config(tmp_path: Path, name: str, pki: PKI, emulator: RunningEmulator, ku
     )  # fmt: skip
 
 
-async def replica(config: Path, name: str) -> ServeProcess:
-    return await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
+Replicas = Callable[..., Awaitable[ServeProcess]]
+
+
+@pytest.fixture
+async def replicas(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, fresh_lease: None
+) -> AsyncIterator[Replicas]:
+    """`await replicas("replica-a", leader=True)`: a `serve` process with POD_NAME set, once it
+    leads (or, by default, once it competes); all are killed when the test ends."""
+    started: list[ServeProcess] = []
+
+    async def start(name: str, *, leader: bool = False) -> ServeProcess:
+        config = ha_config(tmp_path, name, pki, emulator, kube)
+        process = await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
+        started.append(process)
+        if leader:
+            await eventually(lambda: _is_ready(process), 30, f"{name} never became the leader")
+        else:
+            await process.wait_for_output("competes for Lease")
+        return process
+
+    yield start
+    for process in started:
+        await process.kill()
 
 
 async def ready(process: ServeProcess) -> tuple[int, str]:
@@ -115,79 +137,67 @@ def parse_time(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
 
 
-@pytest.mark.usefixtures("fresh_lease")
 async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+    replicas: Replicas, pki: PKI, emulator: RunningEmulator, kube: Kube
 ) -> None:
-    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
-    b: ServeProcess | None = None
-    try:
-        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
-        b = await replica(ha_config(tmp_path, "b", pki, emulator, kube), "replica-b")
-        await b.wait_for_output("competes for Lease")
-        status, text = await ready(b)
-        assert status == 503 and "standby" in text and "replica-a" in text, text
-        message = await refused(b, pki, "NodeGroups", pb.NodeGroupsRequest())
-        assert (
-            message
-            == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): the leader is replica-a"
-        )
-        assert (await ready(a))[0] == 200
+    a = await replicas("replica-a", leader=True)
+    b = await replicas("replica-b")
+    status, text = await ready(b)
+    assert status == 503 and "standby" in text and "replica-a" in text, text
+    message = await refused(b, pki, "NodeGroups", pb.NodeGroupsRequest())
+    assert (
+        message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): the leader is replica-a"
+    )
+    assert (await ready(a))[0] == 200
 
-        # Creations held by the API; two in flight (maxConcurrentCreates), two queued.
-        await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
-        await call(a, pki, "NodeGroupIncreaseSize",
-                   pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4))  # fmt: skip
+    # Creations held by the API; two in flight (maxConcurrentCreates), two queued.
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+    await call(a, pki, "NodeGroupIncreaseSize",
+               pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4))  # fmt: skip
 
-        async def creations_out() -> bool:
-            return (await emulator.admin.in_flight()).get("create_server", 0) == 2
+    async def creations_out() -> bool:
+        return (await emulator.admin.in_flight()).get("create_server", 0) == 2
 
-        await wait_until(creations_out, 30, "creations did not reach the API")
-        renewed = parse_time((await read_lease(kube)).spec.renew_time)
-        a.process.kill()  # SIGKILL: no release, no goodbye
-        await a.process.wait()
-        takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
-        lease = (await read_lease(kube)).spec
-        assert lease.holder_identity == "replica-b"
-        assert lease.lease_transitions >= 1
-        # B took the Lease once it had not been renewed for leaseDuration (on B's clock, from
-        # when B saw the last renewal), never earlier. Later by at most: one more renewal by A
-        # after the read above (a retryPeriod), B seeing it (a retryPeriod + 20% jitter), B's
-        # next attempt (the same), and the API round trips (REQUEST_SLACK).
-        waited = (parse_time(lease.acquire_time) - renewed).total_seconds()
-        latest = LEASE_SECONDS + 3.4 * RETRY_SECONDS + REQUEST_SLACK
-        assert LEASE_SECONDS - 0.05 <= waited <= latest, waited
-        assert takeover < LEASE_SECONDS + 3 * RETRY_SECONDS + RPC_TIMEOUT, takeover
+    await wait_until(creations_out, 30, "creations did not reach the API")
+    renewed = parse_time((await read_lease(kube)).spec.renew_time)
+    a.process.kill()  # SIGKILL: no release, no goodbye
+    await a.process.wait()
+    takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    lease = (await read_lease(kube)).spec
+    assert lease.holder_identity == "replica-b"
+    assert lease.lease_transitions >= 1
+    # B took the Lease once it had not been renewed for leaseDuration (on B's clock, from
+    # when B saw the last renewal), never earlier. Later by at most: one more renewal by A
+    # after the read above (a retryPeriod), B seeing it (a retryPeriod + 20% jitter), B's
+    # next attempt (the same), and the API round trips (REQUEST_SLACK).
+    waited = (parse_time(lease.acquire_time) - renewed).total_seconds()
+    latest = LEASE_SECONDS + 3.4 * RETRY_SECONDS + REQUEST_SLACK
+    assert LEASE_SECONDS - 0.05 <= waited <= latest, waited
+    assert takeover < LEASE_SECONDS + 3 * RETRY_SECONDS + RPC_TIMEOUT, takeover
 
-        # What reached the API finishes; then CA, now served by B, asks for its 4 again.
-        await emulator.admin.clear_faults()
+    # What reached the API finishes; then CA, now served by B, asks for its 4 again.
+    await emulator.admin.clear_faults()
 
-        async def api_idle() -> bool:
-            return not (await emulator.admin.in_flight()).get("create_server", 0)
+    async def api_idle() -> bool:
+        return not (await emulator.admin.in_flight()).get("create_server", 0)
 
-        await wait_until(api_idle, 30, "the API is still creating")
-        await call(b, pki, "Refresh", pb.RefreshRequest())
-        target = (await call(b, pki, "NodeGroupTargetSize",
-                             pb.NodeGroupTargetSizeRequest(id="workers"))).targetSize  # fmt: skip
-        servers = await emulator.admin.servers()
-        assert target == len(servers), "the new leader counts every server A created"
-        if target < 4:
-            await call(b, pki, "NodeGroupIncreaseSize",
-                       pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4 - target))  # fmt: skip
+    await wait_until(api_idle, 30, "the API is still creating")
+    await call(b, pki, "Refresh", pb.RefreshRequest())
+    target = (await call(b, pki, "NodeGroupTargetSize",
+                         pb.NodeGroupTargetSizeRequest(id="workers"))).targetSize  # fmt: skip
+    servers = await emulator.admin.servers()
+    assert target == len(servers), "the new leader counts every server A created"
+    if target < 4:
+        await call(b, pki, "NodeGroupIncreaseSize",
+                   pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4 - target))  # fmt: skip
 
-        async def four_exist() -> bool:
-            return len(await emulator.admin.servers()) == 4 and await api_idle()
+    async def four_exist() -> bool:
+        return len(await emulator.admin.servers()) == 4 and await api_idle()
 
-        await wait_until(four_exist, 30, "four servers never existed")
-        await call(b, pki, "Refresh", pb.RefreshRequest())
-        nodes = await call(b, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
-        final = await call(
-            b, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
-        )
-    finally:
-        await a.kill()
-        if b is not None:
-            await b.kill()
+    await wait_until(four_exist, 30, "four servers never existed")
+    await call(b, pki, "Refresh", pb.RefreshRequest())
+    nodes = await call(b, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
+    final = await call(b, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers"))
     servers = await emulator.admin.servers()
     assert len(servers) == 4
     assert len({s["uuid"] for s in servers}) == len({s["name"] for s in servers}) == 4
@@ -205,70 +215,56 @@ async def _is_ready(process: ServeProcess) -> bool:
     return (await ready(process))[0] == 200
 
 
-@pytest.mark.usefixtures("fresh_lease")
 async def test_leader_that_loses_the_lease_stops_serving_at_once(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+    replicas: Replicas, pki: PKI, kube: Kube
 ) -> None:
-    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
-    try:
-        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
+    a = await replicas("replica-a", leader=True)
 
-        def steal() -> None:
-            api = lease_api(kube)
-            lease = api.read_namespaced_lease(LEASE, NAMESPACE)
-            lease.spec.holder_identity = "intruder"
-            lease.spec.lease_duration_seconds = 600
-            lease.spec.renew_time = datetime.now(UTC)
-            api.replace_namespaced_lease(LEASE, NAMESPACE, lease)
+    def steal() -> None:
+        api = lease_api(kube)
+        lease = api.read_namespaced_lease(LEASE, NAMESPACE)
+        lease.spec.holder_identity = "intruder"
+        lease.spec.lease_duration_seconds = 600
+        lease.spec.renew_time = datetime.now(UTC)
+        api.replace_namespaced_lease(LEASE, NAMESPACE, lease)
 
-        await asyncio.to_thread(steal)
-        stolen = time.monotonic()
+    await asyncio.to_thread(steal)
+    stolen = time.monotonic()
 
-        async def refusing() -> bool:
-            try:
-                await call(a, pki, "NodeGroupIncreaseSize",
-                           pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))  # fmt: skip
-            except grpc.aio.AioRpcError as error:
-                return error.code() == grpc.StatusCode.UNAVAILABLE
-            raise AssertionError("IncreaseSize succeeded after the Lease was taken")
+    async def refusing() -> bool:
+        try:
+            await call(a, pki, "NodeGroupIncreaseSize",
+                       pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))  # fmt: skip
+        except grpc.aio.AioRpcError as error:
+            return error.code() == grpc.StatusCode.UNAVAILABLE
+        raise AssertionError("IncreaseSize succeeded after the Lease was taken")
 
-        # The first IncreaseSize may still land (the leader renews only every retryPeriod);
-        # once the renew deadline passed it must be refused.
-        await asyncio.sleep(RENEW_SECONDS + RETRY_SECONDS)
-        await eventually(refusing, RETRY_SECONDS * 2, "the old leader still serves")
-        assert time.monotonic() - stolen < LEASE_SECONDS
-        message = await refused(
-            a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
-        )
-        assert "the leader is intruder" in message
-        status, text = await ready(a)
-        assert status == 503 and "intruder" in text
-        assert "could not renew Lease" in a.output
-    finally:
-        code = await a.stop(signal.SIGTERM)
-    assert code == 0, a.output
+    # The first IncreaseSize may still land (the leader renews only every retryPeriod);
+    # once the renew deadline passed it must be refused.
+    await asyncio.sleep(RENEW_SECONDS + RETRY_SECONDS)
+    await eventually(refusing, RETRY_SECONDS * 2, "the old leader still serves")
+    assert time.monotonic() - stolen < LEASE_SECONDS
+    message = await refused(
+        a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
+    )
+    assert "the leader is intruder" in message
+    status, text = await ready(a)
+    assert status == 503 and "intruder" in text
+    assert "could not renew Lease" in a.output
+    assert await a.stop(signal.SIGTERM) == 0, a.output
     lease = (await read_lease(kube)).spec
     assert lease.holder_identity == "intruder", "a standby never releases a Lease it does not hold"
 
 
-@pytest.mark.usefixtures("fresh_lease")
 async def test_graceful_shutdown_hands_the_lease_over_at_once(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube
+    replicas: Replicas, pki: PKI, kube: Kube
 ) -> None:
-    a = await replica(ha_config(tmp_path, "a", pki, emulator, kube), "replica-a")
-    b: ServeProcess | None = None
-    try:
-        await eventually(lambda: _is_ready(a), 30, "replica-a never became the leader")
-        b = await replica(ha_config(tmp_path, "b", pki, emulator, kube), "replica-b")
-        await b.wait_for_output("competes for Lease")
-        assert (await ready(b))[0] == 503
-        assert await a.stop(signal.SIGTERM) == 0, a.output
-        assert "released Lease" in a.output
-        takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
-        assert takeover < LEASE_SECONDS, "released, not expired"
-        assert (await read_lease(kube)).spec.holder_identity == "replica-b"
-        assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())
-    finally:
-        await a.kill()
-        if b is not None:
-            await b.kill()
+    a = await replicas("replica-a", leader=True)
+    b = await replicas("replica-b")
+    assert (await ready(b))[0] == 503
+    assert await a.stop(signal.SIGTERM) == 0, a.output
+    assert "released Lease" in a.output
+    takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    assert takeover < LEASE_SECONDS, "released, not expired"
+    assert (await read_lease(kube)).spec.holder_identity == "replica-b"
+    assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())

@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 Node = dict[str, Any]
 WORKERS = group(
     "workers",
+    flavor="flex-8-4",
     labels=(("role", "worker"),),
     kubelet=KubeletConfig(system_reserved=(("memory", "512Mi"),)),
 )
@@ -177,7 +178,7 @@ def write_drift_config(tmp_path: Path, emulator: RunningEmulator, kubeconfig: Pa
         "tls": {"insecure": True},
         "cloudscale": {"url": emulator.url, "tokenFile": str(token)},
         "nodeGroups": [
-            {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
+            {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-8-4",
              "image": "debian-12", "zone": "lpg1", "labels": {"role": "worker"},
              "kubelet": {"systemReserved": {"memory": "512Mi"}}},
         ],

@@ -25,11 +25,13 @@ from fixtures.kube import NAMESPACE, NEEDS_KUBE, Kube
 from fixtures.stack import wait_until
 from fixtures.tls import PKI, grpc_channel
 from fixtures.tools import free_port
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client as k8s
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.service.provider import SERVICE_NAME
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 LEASE = "cloudscale-autoscaler"  # the one name deploy/'s Role lets the provider update
@@ -118,6 +120,17 @@ async def call(process: ServeProcess, pki: PKI, rpc: str, request: object) -> An
         return await getattr(stub, rpc)(request, timeout=RPC_TIMEOUT)
 
 
+async def health(process: ServeProcess, pki: PKI) -> dict[str, str]:
+    """gRPC health per service: a standby is healthy, its CloudProvider entry is not."""
+    async with grpc_channel(pki, process.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        answers = {}
+        for service in ("", SERVICE_NAME):
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            answers[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return answers
+
+
 async def refused(process: ServeProcess, pki: PKI, rpc: str, request: object) -> str:
     """The UNAVAILABLE message a non-serving replica answers `rpc` with."""
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -149,6 +162,8 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
         message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): the leader is replica-a"
     )
     assert (await ready(a))[0] == 200
+    assert await health(b, pki) == {"": "SERVING", SERVICE_NAME: "NOT_SERVING"}
+    assert await health(a, pki) == {"": "SERVING", SERVICE_NAME: "SERVING"}
 
     # Creations held by the API; two in flight (maxConcurrentCreates), two queued.
     await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})

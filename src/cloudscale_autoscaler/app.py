@@ -95,11 +95,13 @@ async def build_provider(config: Config) -> Provider:
     return provider
 
 
+def _elects(provider: Provider) -> bool:
+    return provider.link is not None and provider.link.elects
+
+
 def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
     """What the transport serves: the service, behind the serving gate when replicas elect."""
-    if provider.link is not None and provider.link.elects:
-        return gated(provider.service, provider.serving)
-    return provider.service
+    return gated(provider.service, provider.serving) if _elects(provider) else provider.service
 
 
 # With leader election, client connections are closed (GOAWAY) after this age, so CA,
@@ -110,7 +112,7 @@ MAX_CONNECTION_AGE_GRACE_SECONDS = 30.0
 
 
 def _connection_options(provider: Provider) -> list[tuple[str, int]]:
-    if provider.link is None or not provider.link.elects:
+    if not _elects(provider):
         return []
     return [
         ("grpc.max_connection_age_ms", int(MAX_CONNECTION_AGE_SECONDS * 1000)),
@@ -124,11 +126,8 @@ def _follow_serving(serving: Serving, server: RunningServer) -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     def update(active: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if active
-            else (health_pb2.HealthCheckResponse.NOT_SERVING)
-        )
+        answer = health_pb2.HealthCheckResponse
+        status = answer.SERVING if active else answer.NOT_SERVING
         task = asyncio.ensure_future(server.health.set(SERVICE_NAME, status))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -182,7 +181,8 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
         await provider.aclose()
         raise
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
-    _follow_serving(provider.serving, server)
+    if _elects(provider):
+        _follow_serving(provider.serving, server)
     health = None
     if config.metrics.listen is not None:
         health = HealthServer(provider.metrics, not_ready=lambda: _not_ready(provider))

@@ -231,9 +231,13 @@ async def _is_ready(process: ServeProcess) -> bool:
 
 
 async def test_leader_that_loses_the_lease_stops_serving_at_once(
-    replicas: Replicas, pki: PKI, kube: Kube
+    replicas: Replicas, pki: PKI, kube: Kube, emulator: RunningEmulator
 ) -> None:
     a = await replicas("replica-a", leader=True)
+    # Two creations held by the API well past the renew deadline, two queued behind them.
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 6000}}})
+    await call(a, pki, "NodeGroupIncreaseSize",
+               pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4))  # fmt: skip
 
     def steal() -> None:
         api = lease_api(kube)
@@ -266,6 +270,16 @@ async def test_leader_that_loses_the_lease_stops_serving_at_once(
     status, text = await ready(a)
     assert status == 503 and "intruder" in text
     assert "could not renew Lease" in a.output
+
+    # The two sent finish (tagged: the next leader counts them); the queued two never go out,
+    # although their slots are free now (they would be sent at once).
+    async def two_created() -> bool:
+        return len(await emulator.admin.servers()) == 2
+
+    await wait_until(two_created, 30, "the creations in flight never finished")
+    await asyncio.sleep(1.0)
+    assert (await emulator.admin.in_flight()).get("create_server", 0) == 0
+    assert len(await emulator.admin.servers()) == 2
     assert await a.stop(signal.SIGTERM) == 0, a.output
     lease = (await read_lease(kube)).spec
     assert lease.holder_identity == "intruder", "a standby never releases a Lease it does not hold"

@@ -156,7 +156,7 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         put("zzz", value=1),
         [
             "zzz: unknown key; expected one of: cluster, listen, tls, cloudscale, metrics, "
-            "gpuLabel, placeholderExpiry, increaseSizeWait, pricing, nodeGroups"
+            "gpuLabel, placeholderExpiry, increaseSizeWait, pricing, kubernetes, nodeGroups"
         ],
     ),
     (

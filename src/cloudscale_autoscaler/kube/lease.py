@@ -110,7 +110,7 @@ class Elector:
         started = asyncio.create_task(self._start())
         try:
             while await self._renew():
-                if started.done() and not started.cancelled() and started.exception() is None:
+                if started.done():
                     self._serving.serve_until(self._deadline())
         finally:
             self.leading = False
@@ -119,7 +119,10 @@ class Elector:
             self._on_stopped()
 
     async def _start(self) -> None:
-        await self._on_started()
+        try:
+            await self._on_started()
+        except Exception:  # the engine loads the inventory again on demand
+            log.exception("leader election: preparing to serve failed; serving anyway")
         self._serving.serve_until(self._deadline())
 
     def _deadline(self) -> float:

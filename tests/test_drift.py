@@ -23,6 +23,7 @@ from cloudscale_autoscaler.kube.drift import (
     format_ratio,
     kind_of,
     relative_difference,
+    settled,
     summarize,
     warning_line,
 )
@@ -360,3 +361,20 @@ def test_gpu_template_expects_the_device_plugin() -> None:
         del live["status"][field]["nvidia.com/gpu"]
     fields = {d.field for d in compare_node(promised, live, TOLERANCE)}
     assert fields == {"capacity.nvidia.com/gpu", "allocatable.nvidia.com/gpu"}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda n: None, True),
+        (mutate("status.conditions", [{"type": "Ready", "status": "False"}]), False),
+        (mutate("status.conditions", []), False),
+        (mutate("spec.taints", [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                                  "value": "true", "effect": "NoSchedule"}]), False),
+    ],
+    ids=["ready", "not ready", "no conditions", "uninitialized"],
+)  # fmt: skip
+def test_only_settled_nodes_are_compared(change: Callable[[Node], None], expected: bool) -> None:
+    node = live_twin()
+    change(node)
+    assert settled(node) is expected

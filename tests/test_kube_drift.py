@@ -43,6 +43,7 @@ def live_node(template: Node, name: str, server_uuid: str) -> Node:
     node["status"] = {
         "capacity": node["status"]["capacity"],
         "allocatable": node["status"]["allocatable"],
+        "conditions": [{"type": "Ready", "status": "True"}],
     }
     return node
 
@@ -53,7 +54,9 @@ def create_node(api: k8s.ApiClient, node: Node) -> None:
     core.create_node({**node, "status": {}})
     current = core.read_node(node["metadata"]["name"])
     current.status = k8s.V1NodeStatus(
-        capacity=status["capacity"], allocatable=status["allocatable"]
+        capacity=status["capacity"],
+        allocatable=status["allocatable"],
+        conditions=[k8s.V1NodeCondition(**c) for c in status["conditions"]],
     )
     core.replace_node_status(node["metadata"]["name"], current)
 
@@ -85,16 +88,16 @@ async def nodes(kube: Kube) -> AsyncIterator[Nodes]:
 
 
 async def arrange(stack: StackFactory, kube: Kube, nodes: Nodes, emulator: RunningEmulator) -> Any:
-    """A provider with the kubernetes section (service account kubeconfig) and four Nodes:
+    """A provider with the kubernetes section (service account kubeconfig) and five Nodes:
     one like the template, one 10% short of allocatable memory, one without the group's
-    label, one of a server that is not ours."""
+    label, one of a server that is not ours, one still uninitialized."""
     settings = KubernetesConfig(kubeconfig=kube.provider_kubeconfig, drift_interval_seconds=0)
     s = await stack(groups=[WORKERS], kubernetes=settings)
     template = await template_of(s.provider.service.engine, "workers")
     suffix = uuid.uuid4().hex[:6]
     servers = [
         await emulator.admin.create_server(f"w-{i}", tags=group_tags("workers"), zone="lpg1")
-        for i in range(3)
+        for i in range(4)
     ]
     stranger = await emulator.admin.create_server("other", tags={"k8s-cluster": "elsewhere"})
     await s.refresh()
@@ -104,11 +107,20 @@ async def arrange(stack: StackFactory, kube: Kube, nodes: Nodes, emulator: Runni
         change(node)
         return node
 
-    kind = ["match", "short", "unlabeled"]
+    kind = ["match", "short", "unlabeled", "new"]
     await nodes.create(variant(0, lambda n: None))
     await nodes.create(variant(1, lambda n: n["status"]["allocatable"].update(memory="6822Mi")))
     await nodes.create(variant(2, lambda n: n["metadata"]["labels"].pop("role")))
     await nodes.create(live_node({**template}, f"stranger-{suffix}", stranger["uuid"]))
+
+    def coming_up(node: Node) -> None:  # not initialized by the CCM yet: no labels from it
+        node["metadata"]["labels"] = {"kubernetes.io/hostname": node["metadata"]["name"]}
+        node["spec"]["taints"] = [
+            {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true",
+             "effect": "NoSchedule"}
+        ]  # fmt: skip
+
+    await nodes.create(variant(3, coming_up))
     return s, suffix
 
 
@@ -125,7 +137,7 @@ async def test_drift_check_reports_gauges_and_warnings(
     with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.kube.watch"):
         report = await link.watch.check_once()
     (workers,) = report.groups
-    assert workers.nodes == 3, "the stranger's node is not ours"
+    assert workers.nodes == 3, "the stranger's node is not ours, the new one not settled"
     by_field = {d.field: d for d in workers.drifts}
     assert set(by_field) == {"allocatable.memory", 'labels["role"]'}
     memory = by_field["allocatable.memory"]

@@ -18,6 +18,7 @@ from cloudscale_autoscaler.kube.drift import (
     compare_node,
     compare_resources,
     kind_of,
+    settled,
     summarize,
 )
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
@@ -59,11 +60,12 @@ def provider_id(node: Node) -> str:
 
 
 def nodes_by_group(engine: Engine, nodes: Iterable[Node]) -> dict[str, list[Node]]:
-    """Nodes whose providerID the inventory knows, by group; others are not ours."""
+    """Settled nodes whose providerID the inventory knows, by group; others are not ours,
+    or still coming up."""
     grouped: dict[str, list[Node]] = {}
     for node in nodes:
         group = engine.node_group_for_node(provider_id(node)).nodeGroup.id
-        if group:
+        if group and settled(node):
             grouped.setdefault(group, []).append(node)
     return grouped
 

@@ -10,6 +10,7 @@ What is compared, and why:
   loses a little to metadata). A resource the node does not report counts as 0.
 - the template's labels, except kubernetes.io/hostname (it names each node): pods selecting on
   a label the template promises but nodes lack trigger scale-ups that never help.
+- only settled nodes: Ready, and initialized by the cloud controller manager.
 - taints, both ways, ignoring those Kubernetes and CA set and remove on their own (not-ready,
   unreachable, uninitialized, pressure, CA's deletion marks): a taint only one side has makes
   CA's simulation and the scheduler disagree.
@@ -44,6 +45,7 @@ from cloudscale_autoscaler.template.quantity import format_quantity, parse_quant
 RESOURCES = (CPU, MEMORY, EPHEMERAL_STORAGE, PODS, NVIDIA_GPU)
 STATUS_FIELDS = ("capacity", "allocatable")
 ABSENT = "(absent)"
+UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
 # Taints that come and go with a node's state, set by Kubernetes controllers or CA itself.
 TRANSIENT_TAINTS = frozenset(
     {
@@ -55,7 +57,7 @@ TRANSIENT_TAINTS = frozenset(
         "node.kubernetes.io/pid-pressure",
         "node.kubernetes.io/network-unavailable",
         "node.kubernetes.io/out-of-service",
-        "node.cloudprovider.kubernetes.io/uninitialized",
+        UNINITIALIZED,
         "node.cloudprovider.kubernetes.io/shutdown",
         "ToBeDeletedByClusterAutoscaler",
         "DeletionCandidateOfClusterAutoscaler",
@@ -158,6 +160,16 @@ def taint_differences(template: Node, live: Node) -> list[Difference]:
         for key in sorted(promised.keys() | reported.keys())
         if promised.get(key) != reported.get(key)
     ]
+
+
+def settled(node: Node) -> bool:
+    """Ready, and initialized by the cloud controller manager: a node still coming up lacks
+    the CCM's labels and may report partial status, which is not drift."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if any(t.get("key") == UNINITIALIZED for t in spec.get("taints") or []):
+        return False
+    conditions = status.get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 KINDS = ("resources", "labels", "taints")

@@ -35,6 +35,7 @@ def test_states_and_messages() -> None:
     serving.serve_until(clock() + 2)
     assert serving.active and serving.refusal() is None and seen == [True]
     serving.serve_until(clock() + 4)  # a renewal: no new event
+    assert serving.until == clock() + 4
     clock.advance(3.9)
     assert serving.active and seen == [True]
     clock.advance(0.2)  # past the renew deadline: closed without anyone calling stand_by

@@ -29,6 +29,13 @@ class Serving:
         self._listeners: list[Listener] = []
 
     @property
+    def until(self) -> float:
+        """Serving until this time.monotonic() value (CLOCK_MONOTONIC on Linux): inf without
+        leader election, -inf on a standby. Moves on with each Lease renewal, without an
+        event: a transport answering from a snapshot compares it with its own clock."""
+        return self._until
+
+    @property
     def active(self) -> bool:
         return self._clock() < self._until
 

@@ -134,7 +134,8 @@ async def test_drift_check_reports_gauges_and_warnings(
     s, suffix = await arrange(stack, kube, nodes, emulator)
     link = s.provider.link
     assert link is not None and not link.elects
-    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.kube.watch"):
+    watch_logger = "cloudscale_autoscaler.kube.watch"
+    with caplog.at_level(logging.WARNING, logger=watch_logger):
         report = await link.watch.check_once()
     (workers,) = report.groups
     assert workers.nodes == 3, "the stranger's node is not ours, the new one not settled"
@@ -153,7 +154,7 @@ async def test_drift_check_reports_gauges_and_warnings(
         "labels": {f"unlabeled-{suffix}"},
     }
 
-    warnings = [r.getMessage() for r in caplog.records]
+    warnings = [r.getMessage() for r in caplog.records if r.name == watch_logger]
     assert len(warnings) == 2, warnings
     assert any(f"node short-{suffix} reports 6822Mi (-10.0%)" in w for w in warnings), warnings
     assert any(f"node unlabeled-{suffix} reports (absent)" in w for w in warnings), warnings

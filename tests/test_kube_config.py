@@ -10,6 +10,7 @@ import yaml
 
 from cloudscale_autoscaler.config import ConfigError, KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
 
 ENV = {"CLOUDSCALE_API_TOKEN": "token"}
 LE = "kubernetes.leaderElection"
@@ -36,6 +37,10 @@ def test_absent_section_means_no_kubernetes(tmp_path: Path) -> None:
 def test_empty_section_takes_the_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, {"leaderElection": {}}), env=ENV)
     assert config.kubernetes == KubernetesConfig()
+    assert (
+        kubernetes_text(config.kubernetes)
+        == "in-cluster, drift every 300s (3%), no leader election"
+    )
     assert config.kubernetes.leader_election == LeaderElectionConfig(
         enabled=False,
         lease_name="cloudscale-autoscaler",
@@ -65,6 +70,10 @@ def test_full_section(tmp_path: Path) -> None:
         },
     }
     config = load_config(write(tmp_path, section), env=ENV)
+    assert kubernetes_text(config.kubernetes) == (
+        f"kubeconfig {tmp_path / 'kubeconfig'}, no drift, leader election on Lease "
+        "autoscaling/ha (3s/2s/0.5s)"
+    )
     assert config.kubernetes == KubernetesConfig(
         kubeconfig=tmp_path / "kubeconfig",
         drift_interval_seconds=0.0,

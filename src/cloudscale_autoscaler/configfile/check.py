@@ -16,6 +16,7 @@ from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, S
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.config_loader import TOKEN_ENV
 from cloudscale_autoscaler.configfile.interfaces import interfaces_text
+from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
 from cloudscale_autoscaler.configfile.network_check import (
     fetch_networks,
     interface_errors,
@@ -98,6 +99,7 @@ def summary(config: Config) -> str:
         f"gpu label:          {config.gpu_label}",
         f"placeholder expiry: {config.placeholder_expiry_seconds:g}s",
         f"pricing:            {pricing_text(config.pricing)}",
+        f"kubernetes:         {kubernetes_text(config.kubernetes)}",
         f"node groups ({len(config.node_groups)}):",
     ]
     lines += [f"  {group_line(group, config.pricing)}" for group in config.node_groups]

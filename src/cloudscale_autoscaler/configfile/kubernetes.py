@@ -98,3 +98,23 @@ def _leader_election(fields: Fields) -> LeaderElectionConfig:
         renew_deadline_seconds=renew,
         retry_period_seconds=retry,
     )
+
+
+def kubernetes_text(settings: KubernetesConfig | None) -> str:
+    """The `kubernetes:` line of check-config's summary."""
+    if settings is None:
+        return "disabled (no drift checks, no leader election)"
+    api = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "in-cluster"
+    interval = settings.drift_interval_seconds
+    drift = (
+        f"drift every {interval:g}s ({settings.drift_tolerance:.0%})" if interval else "no drift"
+    )
+    election = settings.leader_election
+    if not election.enabled:
+        return f"{api}, {drift}, no leader election"
+    lease = f"{election.namespace or '<pod namespace>'}/{election.lease_name}"
+    return (
+        f"{api}, {drift}, leader election on Lease {lease} "
+        f"({election.lease_duration_seconds:g}s/{election.renew_deadline_seconds:g}s/"
+        f"{election.retry_period_seconds:g}s)"
+    )

@@ -107,7 +107,9 @@ def kubernetes_text(settings: KubernetesConfig | None) -> str:
     api = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "in-cluster"
     interval = settings.drift_interval_seconds
     drift = (
-        f"drift every {interval:g}s ({settings.drift_tolerance:.0%})" if interval else "no drift"
+        f"drift every {interval:g}s ({settings.drift_tolerance * 100:g}%)"
+        if interval
+        else "no drift"
     )
     election = settings.leader_election
     if not election.enabled:

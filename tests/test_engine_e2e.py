@@ -156,11 +156,11 @@ async def test_every_creation_rejected_at_once_returns_the_error_and_rolls_back(
 ) -> None:
     # A generous wait makes "at once" deterministic on a loaded machine.
     s = await stack([group("workers", 0, 10)], increase_size_wait_seconds=10.0)
-    await s.admin.set_faults({"fail_next_creates": {"count": 3, "kind": "quota"}})
+    await s.admin.set_faults({"fail_next_creates": {"count": 3, "kind": "invalid"}})
     error = await rpc_error(increase(s, "workers", 3))
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "rolled back" in (error.details() or "")
-    assert "Quota exceeded" in (error.details() or "")
+    assert "Emulated invalid request" in (error.details() or "")
     assert await s.target("workers") == 0
     assert await s.instances("workers") == []
 

@@ -318,7 +318,8 @@ async def test_create_path_refuses_wrong_subnet_or_zone_with_the_api_text(
     )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
-    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    # A refusal no retry can fix: FAILED_PRECONDITION with the API's text, not UNAVAILABLE.
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert api_text in (caught.value.details() or "")
     assert await s.target("workers") == 0
     assert await s.cloud_servers("workers") == []

@@ -10,8 +10,11 @@ Design decisions (see group.py for how target size is counted):
   creations/deletions are reconciled by uuid and request tag against the tick.
 - IncreaseSize bumps the target at once, starts creations in the background (bounded by
   maxConcurrentCreates) and waits at most `increaseSizeWait` for the verdict: the first
-  success, or every attempt failing. If all failed, the bump is rolled back and the error
-  returned (bad token, invalid flavor); otherwise failures become placeholders.
+  success, or every attempt failing. If all failed with a permanent refusal (bad token,
+  unknown image), the bump is rolled back and the error returned; quota and capacity refusals
+  always become placeholders of class OutOfResources (see refusals.py). The first quota,
+  capacity or permanent refusal stops the batch: creates not yet sent become placeholders
+  with the same error instead of being sent.
 - DeleteNodes re-lists the cluster before deleting, so only servers that the cloud lists,
   right now, with this cluster's and this group's tags are ever deleted.
 - Before the first successful listing, TargetSize answers from what it knows (creations and
@@ -44,7 +47,7 @@ from cloudscale_autoscaler.cloud.models import (
 )
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.engine import names, options, spec
+from cloudscale_autoscaler.engine import names, options, refusals, spec
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,
@@ -386,13 +389,17 @@ class Engine:
             await asyncio.wait_for(batch.settled.wait(), self.config.increase_size_wait_seconds)
         except TimeoutError:
             return  # still in flight: slow creations report through NodeGroupNodes
-        if not batch.all_failed:
+        error = batch.first_error
+        if not batch.all_failed or error is None or not refusals.fails_the_rpc(error):
+            # Quota and capacity refusals stay placeholders, fast or slow: CA then records
+            # OutOfResources with our code, backs the group off and deletes them.
             return
         for ident in batch.placeholder_ids:
             group.remove_placeholder(ident)
-        raise CloudUnavailable(
+        raise refusals.rpc_error(
+            error,
             f"creating {batch.size} server(s) in node group {group.name} failed, "
-            f"target size rolled back: {batch.first_error}"
+            f"target size rolled back: {error}",
         )
 
     async def _create(self, group: GroupState, creation: Creation, server_spec: ServerSpec) -> None:
@@ -432,18 +439,50 @@ class Engine:
             batch.successes += 1
             batch.record()
             return
+        self._record_failure(group, creation, error)
+        if batch.stopped_by is not None:
+            # Sent before the batch stopped; its refusal is part of the summary already logged.
+            log.debug("group %s: creating %s failed: %s", group.name, creation.name, error)
+            return
+        log.warning(
+            "group %s: creating %s failed (%s): %s", group.name, creation.name, error.code, error
+        )
+        if refusals.stops_batch(error):
+            self._stop_batch(group, batch, error)
+
+    def _record_failure(self, group: GroupState, creation: Creation, error: CloudError) -> None:
         placeholder = Placeholder.from_error(
             creation.request_id, creation.request_id, error, self._clock()
         )
         group.add_placeholder(placeholder)
         self._by_provider_id[placeholder_provider_id(placeholder.ident)] = group.for_node
+        batch = creation.batch
         batch.failures += 1
-        batch.first_error = batch.first_error or str(error)
+        batch.first_error = batch.first_error or error
         batch.placeholder_ids.append(placeholder.ident)
         batch.record()
-        log.warning(
-            "group %s: creating %s failed (%s): %s", group.name, creation.name, error.code, error
-        )
+
+    def _stop_batch(self, group: GroupState, batch: Batch, error: CloudError) -> None:
+        """The creates of `batch` not yet sent would be refused the same way: record them as
+        failed with the same error (class and code) at once instead of sending them."""
+        batch.stopped_by = error
+        unsent = [
+            c
+            for c in group.creations.values()
+            if c.batch is batch and c.state is CreationState.QUEUED
+        ]
+        for creation in unsent:
+            del group.creations[creation.request_id]
+            self._record_failure(group, creation, error)
+        if unsent:
+            log.warning(
+                "group %s: %d more creation(s) of this scale-up not sent, recorded as failed "
+                "(%s) like the first: %s",
+                group.name,
+                len(unsent),
+                error.code,
+                error.message,
+            )
 
     def _cancel_creation(self, group: GroupState, creation: Creation) -> None:
         del group.creations[creation.request_id]

@@ -20,6 +20,11 @@ class FailedPrecondition(EngineError):
     (FAILED_PRECONDITION)."""
 
 
+class PermissionDenied(EngineError):
+    """The cloud API rejected the token or its permissions (PERMISSION_DENIED): no retry helps
+    until the token is fixed."""
+
+
 class CloudUnavailable(EngineError):
     """The cloud API failed the operation (UNAVAILABLE); the message carries the API's text."""
 

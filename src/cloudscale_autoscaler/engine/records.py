@@ -29,7 +29,10 @@ class Batch:
     successes: int = 0
     failures: int = 0
     cancelled: int = 0
-    first_error: str = ""
+    first_error: CloudError | None = None
+    # The refusal that stopped the batch (quota, capacity, permanent): creates not yet sent
+    # were recorded as failed with it instead of being sent.
+    stopped_by: CloudError | None = None
     placeholder_ids: list[str] = field(default_factory=list)
     settled: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -22,6 +22,7 @@ from cloudscale_autoscaler.engine.errors import (
     FailedPrecondition,
     GroupNotFound,
     InvalidArgument,
+    PermissionDenied,
     Unimplemented,
 )
 from cloudscale_autoscaler.engine.group import NodeRef
@@ -41,6 +42,7 @@ _CODES: dict[type[EngineError], grpc.StatusCode] = {
     GroupNotFound: grpc.StatusCode.NOT_FOUND,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     CloudUnavailable: grpc.StatusCode.UNAVAILABLE,
     Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
 }

@@ -408,7 +408,7 @@ def test_instances_lists_servers_acked_and_placeholders_not_unsent() -> None:
     creation(group, "unsent")
     creation(group, "acked", uuid(8), tick=3)
     group.add_placeholder(Placeholder("p1", "p1", "QUOTA_EXCEEDED", "m", 1, 0.0))
-    got = {i.id: i.status.instanceState for i in group.instances()}
+    got = {i.id: i.status.instanceState for i in group.instances(0.0)}
     assert got == {
         f"cloudscale://{uuid(1)}": instances.DELETING,
         f"cloudscale://{uuid(2)}": instances.CREATING,

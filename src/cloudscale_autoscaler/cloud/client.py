@@ -1,8 +1,8 @@
 """The cloudscale.ch REST API client: the `Cloud` protocol on one pooled httpx.AsyncClient.
 
 Reliability rules, in short:
-- GET and DELETE are idempotent: retried with full-jitter exponential backoff on 429 (with
-  Retry-After as a floor), 500/502/503/504, connection errors and timeouts.
+- GET, DELETE and PATCH of tags are idempotent: retried with full-jitter exponential backoff
+  on 429 (with Retry-After as a floor), 500/502/503/504, connection errors and timeouts.
 - A create is never blindly re-sent. It is retried at once only when the API provably never
   processed it (429, or no connection was ever made); after any other failure (timeout, lost
   response, 5xx from a proxy) we first list servers by the create's unique request tag and
@@ -239,6 +239,19 @@ class CloudscaleClient:
         async with self.mutations:
             return await self._create(body)
 
+    async def set_tags(self, uuid: str, tags: dict[str, str]) -> None:
+        if not uuid:
+            raise ValueError("uuid: expected a server UUID, got an empty string")
+        # PATCH replaces the whole tags object: the same body twice has one effect, so the
+        # idempotent retries of _call are safe.
+        await self._call(
+            "patch_server",
+            "PATCH",
+            f"servers/{quote(uuid, safe='')}",
+            json_body={"tags": tags},
+            ok=(204, 200),
+        )
+
     async def delete_server(self, uuid: str) -> None:
         if not uuid:
             raise ValueError("uuid: expected a server UUID, got an empty string")
@@ -438,6 +451,7 @@ class CloudscaleClient:
         path: str,
         *,
         params: dict[str, str] | None = None,
+        json_body: dict[str, Any] | None = None,
         ok: tuple[int, ...] = (200,),
     ) -> httpx.Response:
         """An idempotent request with retries; returns the first `ok` response."""
@@ -445,7 +459,9 @@ class CloudscaleClient:
         while True:
             retry_after: float | None = None
             try:
-                response = await self._attempt(operation, method, path, params=params)
+                response = await self._attempt(
+                    operation, method, path, params=params, json_body=json_body
+                )
             except httpx.RequestError as exc:
                 error = _transport_error(exc, operation, self._secrets)
             else:

@@ -13,6 +13,9 @@ TAG_CLUSTER = "k8s-cluster"
 TAG_GROUP = "k8s-autoscaler-group"
 # Unique per create request, so a create whose response was lost can be found by listing.
 TAG_REQUEST = "k8s-autoscaler-request"
+# Put on a server (value: the UTC time of the request) before it is deleted, so a deletion that
+# a crash interrupted is found, and finished, from the listing alone.
+TAG_DELETION = "k8s-autoscaler-deletion-requested"
 
 
 @dataclass(frozen=True, slots=True)

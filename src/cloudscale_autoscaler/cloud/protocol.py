@@ -24,6 +24,10 @@ class Cloud(Protocol):
         """Create one server with spec.tags in the create request. Never leaves a duplicate."""
         ...
 
+    async def set_tags(self, uuid: str, tags: dict[str, str]) -> None:
+        """Replace a server's tags (PATCH); idempotent, so safe to retry."""
+        ...
+
     async def delete_server(self, uuid: str) -> None:
         """Delete a server; an unknown uuid (404) counts as already gone."""
         ...

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_DELETION, TAG_GROUP, TAG_REQUEST
 from cloudscale_autoscaler.config import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.configfile.interfaces import parse_interfaces
 from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS, parse_kubelet
@@ -61,7 +61,7 @@ OPTION_KEYS = (
     "allowNonAtomicScaleUpToMax",
 )
 TAINT_KEYS = ("key", "value", "effect")
-RESERVED_TAGS = (TAG_CLUSTER, TAG_GROUP, TAG_REQUEST)
+RESERVED_TAGS = (TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, TAG_DELETION)
 MIN_VOLUME_GB = 10  # the cloudscale.ch API's minimum root volume
 INT32_MAX = 2**31 - 1  # sizes travel as int32 in the externalgrpc protocol
 

@@ -16,7 +16,9 @@ Design decisions (see group.py for how target size is counted):
   capacity or permanent refusal stops the batch: creates not yet sent become placeholders
   with the same error instead of being sent.
 - DeleteNodes re-lists the cluster before deleting, so only servers that the cloud lists,
-  right now, with this cluster's and this group's tags are ever deleted.
+  right now, with this cluster's and this group's tags are ever deleted. Each server is
+  tagged TAG_DELETION before its DELETE; Refresh finishes deletions of tagged servers that
+  nobody carries out (after a restart, or a failed DELETE).
 - Before the first successful listing, TargetSize answers from what it knows (creations and
   placeholders only); CA calls Refresh first in every loop, and every mutating call loads
   the inventory itself before acting.
@@ -25,6 +27,7 @@ Design decisions (see group.py for how target size is counted):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -39,6 +42,7 @@ from cloudscale_autoscaler.cloud.errors import (
 )
 from cloudscale_autoscaler.cloud.models import (
     TAG_CLUSTER,
+    TAG_DELETION,
     TAG_GROUP,
     TAG_REQUEST,
     InterfaceRequest,
@@ -158,6 +162,8 @@ class Engine:
 
     async def refresh(self) -> None:
         await self._sync_inventory("Refresh")
+        if not self._closing:
+            self._resume_deletions()
         await self._catalog.refresh()
         for group in self._groups.values():
             self._expire(group)
@@ -289,7 +295,7 @@ class Engine:
     def nodes(self, name: str) -> pb.NodeGroupNodesResponse:
         group = self._group(name)
         self._expire(group)
-        return pb.NodeGroupNodesResponse(instances=group.instances())
+        return pb.NodeGroupNodesResponse(instances=group.instances(time.time()))
 
     async def template_node_info(self, name: str) -> pb.NodeGroupTemplateNodeInfoResponse:
         return await self._catalog.template(self._group(name).config)
@@ -576,11 +582,65 @@ class Engine:
         task = group.deleting.get(uuid)
         if task is None:
             task = group.deleting[uuid] = self._spawn(self._delete(group, uuid))
+            # Resumed deletions have no waiter: their failure is logged, not left unretrieved.
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return task
+
+    async def _tagged_delete(self, group: GroupState, uuid: str) -> None:
+        """Tag the server (TAG_DELETION), then DELETE it. The tag makes the request survive a
+        crash: a restarted provider reads it from the listing, reports the server as deleting
+        and finishes the deletion. When the deletion certainly did not happen (the tag failed,
+        or the API refused the DELETE), the tags are put back, so CA's retry starts afresh; if
+        that fails too, the tag stays and the next Refresh finishes the deletion."""
+        server = group.servers.get(uuid)
+        original = None if server is None or TAG_DELETION in server.tags else server.tags
+        if original is not None:
+            try:
+                await self._set_tags(group, uuid, {**original, TAG_DELETION: _utc_now()})
+            except CloudError:
+                await self._untag(group, uuid, original)  # the answer may be lost, not the tag
+                raise
+        try:
+            await self._cloud.delete_server(uuid)  # 404 = already gone = success
+        except CloudError as error:
+            if original is not None and error.status is not None and error.status < 500:
+                await self._untag(group, uuid, original)  # refused: nothing was deleted
+            raise
+
+    async def _set_tags(self, group: GroupState, uuid: str, tags: dict[str, str]) -> None:
+        await self._cloud.set_tags(uuid, tags)
+        listed = group.servers.get(uuid)
+        if listed is not None:
+            group.servers[uuid] = dataclasses.replace(listed, tags=tags)
+
+    async def _untag(self, group: GroupState, uuid: str, original: dict[str, str]) -> None:
+        try:
+            await self._set_tags(group, uuid, original)
+        except CloudError as error:
+            log.warning(
+                "group %s: server %s may keep its %s tag (%s): the next Refresh deletes it",
+                group.name,
+                uuid,
+                TAG_DELETION,
+                error,
+            )
+
+    def _resume_deletions(self) -> None:
+        """Finish deletions requested before a restart (or whose DELETE failed): servers
+        listed with the deletion tag that nobody is deleting."""
+        for group in self._groups.values():
+            for uuid in group.marked_for_deletion():
+                log.info(
+                    "group %s: finishing the deletion of server %s (tagged %s)",
+                    group.name,
+                    uuid,
+                    TAG_DELETION,
+                )
+                self._start_deletion(group, uuid)
 
     async def _delete(self, group: GroupState, uuid: str) -> None:
         try:
-            await self._cloud.delete_server(uuid)  # 404 = already gone = success
+            await self._tagged_delete(group, uuid)
         except BaseException as error:
             group.deleting.pop(uuid, None)
             if isinstance(error, CloudError):
@@ -596,6 +656,10 @@ class Engine:
 
 
 API_UNREACHABLE = "the cloudscale.ch API is unreachable"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _api_problem(error: CloudError) -> str:

@@ -4,7 +4,11 @@ Target size is never stored: it is computed from what the cloud listed, what we 
 and what failed, so every path (Refresh, restart, races, manual changes) converges on the
 same number:
 
-    target = listed servers not deleted by us + creations not yet listed + placeholders
+    target = listed servers whose deletion was not requested + creations not yet listed
+             + placeholders
+
+A server's deletion is requested by tagging it (TAG_DELETION) before deleting it, so a
+restarted provider reads from the listing alone which servers are being deleted.
 
 Everything here runs on the event loop without awaiting, so each method is atomic.
 """
@@ -16,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cloudscale_autoscaler.cloud.models import TAG_REQUEST, Server
+from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST, Server
 from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
@@ -81,9 +85,9 @@ class GroupState:
         self.deleting: dict[str, asyncio.Task[None]] = {}  # uuid -> our delete in flight
         self.deleted: dict[str, int] = {}  # uuid -> tick our delete succeeded
         self.gone = Recent()
-        # uuid -> ((status, name, deleting), Instance): NodeGroupNodes reuses unchanged ones
-        # (building 20,000 messages per call costs tens of milliseconds of loop time).
-        self._instances: dict[str, tuple[tuple[str, str, bool], pb.Instance]] = {}
+        # uuid -> ((status, name, deleting, booting), Instance): NodeGroupNodes reuses
+        # unchanged ones (building 20,000 messages per call costs tens of milliseconds).
+        self._instances: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
 
     # --- counting -------------------------------------------------------------------------
 
@@ -91,18 +95,38 @@ class GroupState:
         """Creations that count on top of the listing: not sent, sent, or acked but unlisted."""
         return (c for c in self.creations.values() if c.uuid is None or c.uuid not in self.servers)
 
+    def deletion_requested(self, uuid: str) -> bool:
+        """Deleted by us, or tagged for deletion (by us, possibly before a restart)."""
+        if uuid in self.deleted:
+            return True
+        server = self.servers.get(uuid)
+        return server is not None and TAG_DELETION in server.tags
+
+    def marked_for_deletion(self) -> list[str]:
+        """Listed servers tagged for deletion whose deletion nobody is carrying out."""
+        busy = self.deleting.keys() | self.deleted.keys()
+        return [
+            uuid
+            for uuid, server in self.servers.items()
+            if TAG_DELETION in server.tags and uuid not in busy
+        ]
+
     def target(self) -> int:
-        deleted_listed = sum(1 for uuid in self.deleted if uuid in self.servers)
+        requested = sum(1 for uuid in self.servers if self.deletion_requested(uuid))
         return (
             len(self.servers)
-            - deleted_listed
+            - requested
             + sum(1 for _ in self.pending_creations())
             + len(self.placeholders)
         )
 
     def deletions_in_flight(self) -> int:
-        """Servers still counted whose deletion is under way."""
-        return sum(1 for uuid in self.deleting if uuid in self.servers)
+        """Servers still counted in the target whose deletion is under way."""
+        return sum(
+            1
+            for uuid in self.deleting
+            if uuid in self.servers and not self.deletion_requested(uuid)
+        )
 
     # --- the cloud's view -------------------------------------------------------------------
 
@@ -185,15 +209,17 @@ class GroupState:
 
     # --- CA's view ----------------------------------------------------------------------------
 
-    def instances(self) -> list[pb.Instance]:
+    def instances(self, now_unix: float) -> list[pb.Instance]:
         cache = self._instances
-        fresh: dict[str, tuple[tuple[str, str, bool], pb.Instance]] = {}
+        fresh: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
         out = []
         for uuid, server in self.servers.items():
-            key = (server.status, server.name, uuid in self.deleting or uuid in self.deleted)
+            deleting = uuid in self.deleting or self.deletion_requested(uuid)
+            booting = server.status == "changing" and instances.booting(server, now_unix)
+            key = (server.status, server.name, deleting, booting)
             entry = cache.get(uuid)
             if entry is None or entry[0] != key:
-                entry = (key, instances.server_instance(server, key[2]))
+                entry = (key, instances.server_instance(server, deleting, booting))
             fresh[uuid] = entry
             out.append(entry[1])
         self._instances = fresh
@@ -224,7 +250,7 @@ class GroupState:
             )
         uuid = self._uuid_for(node)
         server = self.servers.get(uuid)
-        if uuid in self.deleted or uuid in self.deleting:
+        if uuid in self.deleting or self.deletion_requested(uuid):
             return AlreadyGone(node, uuid)
         if server is not None:
             return DeleteServer(node, uuid, broken=server.status == "error")

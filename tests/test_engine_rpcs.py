@@ -106,19 +106,22 @@ async def test_template_node_info_errors(stack: StackFactory) -> None:
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_template_node_info_unavailable_without_flavors(stack: StackFactory) -> None:
-    s = await stack([group("workers", 0, 5)])
-    # Built once: served from the cache while the cloud is down.
+async def test_template_node_info_reads_the_slug_without_flavors(stack: StackFactory) -> None:
+    s = await stack([group("workers", 0, 5), group("odd", 0, 5, flavor="custom-large")])
     request = pb.NodeGroupTemplateNodeInfoRequest(id="workers")
     cached = await s.stub.NodeGroupTemplateNodeInfo(request)
     # 403 is final for the client (no retries): the flavor listing fails at once.
     await s.admin.set_faults({"error_rate": {"list_flavors": {"rate": 1.0, "status": 403}}})
     await s.refresh()
     assert (await s.stub.NodeGroupTemplateNodeInfo(request)).nodeBytes == cached.nodeBytes
-    # A new process that never saw the flavors cannot build it: UNAVAILABLE, not empty.
+    # A new process that never saw the flavors reads the size from the slug: the same Node.
     s2 = await s.restart()
-    error = await rpc_error(s2.stub.NodeGroupTemplateNodeInfo(request))
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert (await s2.stub.NodeGroupTemplateNodeInfo(request)).nodeBytes == cached.nodeBytes
+    # A slug that says nothing: FAILED_PRECONDITION naming it, never an empty template.
+    odd = pb.NodeGroupTemplateNodeInfoRequest(id="odd")
+    error = await rpc_error(s2.stub.NodeGroupTemplateNodeInfo(odd))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "custom-large" in (error.details() or "")
 
 
 async def test_get_options_both_generations(stack: StackFactory) -> None:

@@ -76,7 +76,7 @@ GROUP = NodeGroupConfig(
 
 
 def test_build_spec_carries_everything() -> None:
-    server = spec.build_spec("prod", GROUP, "prod-workers-x", "req1")
+    server = spec.build_spec("prod", GROUP, "prod-workers-x", "req1", dict(GROUP.labels))
     assert (server.name, server.flavor, server.image, server.zone) == (
         "prod-workers-x",
         "flex-8-4",
@@ -105,7 +105,7 @@ def test_build_spec_carries_everything() -> None:
 
 def test_build_spec_without_user_data() -> None:
     plain = NodeGroupConfig(name="g", min_size=0, max_size=1, flavor="f", image="i")
-    assert spec.build_spec("c", plain, "c-g-x", "r").user_data is None
+    assert spec.build_spec("c", plain, "c-g-x", "r", {}).user_data is None
 
 
 # --- autoscaling options -----------------------------------------------------------------------

@@ -13,10 +13,9 @@ import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
 from cloudscale_autoscaler.config import KubeletConfig, NodeGroupConfig, Taint
+from cloudscale_autoscaler.template.labels import gpu_label_value, region_of
 from cloudscale_autoscaler.template.node import (
     build_template_node,
-    gpu_label_value,
-    region_of,
     template_labels,
     template_node_bytes,
 )

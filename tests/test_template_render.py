@@ -220,10 +220,23 @@ async def test_unknown_flavor_is_named(
     assert "flex-16-8" in captured.err  # the available flavors are listed
 
 
-async def test_cloud_failure_exits_1(
+async def test_offline_template_reads_the_flavor_slug(
     emulator: RunningEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The API refuses (here: the token): the slug still says the size, so the same template.
     config = write_config(tmp_path, emulator.url, token="wrong-token")
+    assert await run_command(config, "workers", "yaml") == 0
+    captured = capsys.readouterr()
+    assert yaml.safe_load(captured.out) == EXPECTED_WORKERS
+    assert f"cannot list flavors from {emulator.url}" in captured.err
+    assert 'sizes read from the flavor slug "flex-16-8"' in captured.err
+    assert "wrong-token" not in captured.err
+
+
+async def test_cloud_failure_with_an_unreadable_slug_exits_1(
+    emulator: RunningEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, emulator.url, token="wrong-token", flavor="custom-large")
     assert await run_command(config, "workers", "yaml") == 1
     captured = capsys.readouterr()
     assert captured.out == ""

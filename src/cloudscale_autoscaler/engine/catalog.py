@@ -2,7 +2,9 @@
 
 The flavor list comes from the cloud (the client caches it with a TTL); built template
 responses are kept until the next Refresh, since CA caches them per loop anyway and a template
-depends only on config and flavor.
+depends only on config and flavor. When the list cannot be fetched, the flavor is read from its
+slug (template.slug), so scale-from-zero keeps working during an API outage; the list, when
+present, wins.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from cloudscale_autoscaler.config import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, FailedPrecondition
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
-from cloudscale_autoscaler.template.node import gpu_label_value, template_node_bytes
+from cloudscale_autoscaler.template.labels import gpu_label_value, label_sources
+from cloudscale_autoscaler.template.node import template_node_bytes
+from cloudscale_autoscaler.template.slug import flavor_from_slug
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,14 @@ class Catalog:
             log.warning(
                 "keeping %s: %s", "cached flavors" if self._flavors else "no flavors", error
             )
+
+    async def ensure(self) -> None:
+        """Try once to have the flavor list (for labels and checks); failing is not fatal."""
+        if self._flavors is None:
+            try:
+                await self._fetch()
+            except CloudUnavailable as error:
+                log.warning("no flavor list, reading flavors from their slugs: %s", error)
 
     async def flavors(self) -> dict[str, Flavor]:
         if self._flavors is None:
@@ -66,11 +78,37 @@ class Catalog:
         return response
 
     async def _flavor_of(self, group: NodeGroupConfig) -> Flavor:
-        flavors = await self.flavors()
+        try:
+            flavors = await self.flavors()
+        except CloudUnavailable as error:
+            flavor = flavor_from_slug(group.flavor)
+            if flavor is None:
+                raise FailedPrecondition(
+                    f"node group {group.name}: {error}, and the flavor slug {group.flavor!r} "
+                    "does not say its size (expected flex-<GB>-<vCPUs>, plus-<GB>-<vCPUs> or "
+                    "gpu<n>-<GB>-<vCPUs>-<GPUs>-<n>)"
+                ) from error
+            log.warning(
+                "node group %s: template from the flavor slug %s (%d vCPUs, %g GB): %s",
+                group.name,
+                flavor.slug,
+                flavor.vcpu_count,
+                flavor.memory_gb,
+                error,
+            )
+            return flavor
         flavor = flavors.get(group.flavor)
         if flavor is None:
             raise FailedPrecondition(_unknown_flavor(group, flavors))
         return flavor
+
+    def node_labels(self, group: NodeGroupConfig) -> dict[str, str]:
+        """What `${node_labels}` must carry for the group's servers to have every label of
+        its template (judged from the flavors already fetched, else from the slug)."""
+        flavor = (self._flavors or {}).get(group.flavor) or flavor_from_slug(group.flavor)
+        if flavor is None:
+            flavor = Flavor(group.flavor, group.flavor, 0, 0)  # no GPU known
+        return label_sources(group, flavor, self._config.gpu_label).node_labels
 
     def creation_problem(self, group: NodeGroupConfig) -> str | None:
         """Why the cloud would certainly refuse to create the group's servers, judged from the

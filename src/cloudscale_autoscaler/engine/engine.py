@@ -341,6 +341,7 @@ class Engine:
                 f"{self._api_down}); not creating servers, target size unchanged"
             )
         interfaces = await self._networks.interfaces(group.config)
+        await self._catalog.ensure()  # the flavor decides labels and refusals below
         # From here to the spawns there is no await: the max check and the bump are atomic.
         problem = self._catalog.creation_problem(group.config)
         if problem is not None:
@@ -376,9 +377,12 @@ class Engine:
             if name not in group.server_names and name not in in_flight:
                 in_flight.add(name)
                 chosen.append(name)
+        node_labels = self._catalog.node_labels(group.config)
         try:
             return [
-                spec.build_spec(cluster, group.config, name, names.request_id(), interfaces)
+                spec.build_spec(
+                    cluster, group.config, name, names.request_id(), node_labels, interfaces
+                )
                 for name in chosen
             ]
         except UserDataError as error:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cloudscale_autoscaler.cloud.models import (
     TAG_CLUSTER,
     TAG_GROUP,
@@ -17,11 +19,15 @@ def identity_tags(cluster: str, group: str, request_id: str) -> dict[str, str]:
     return {TAG_CLUSTER: cluster, TAG_GROUP: group, TAG_REQUEST: request_id}
 
 
-def render_user_data(cluster: str, group: NodeGroupConfig, name: str) -> str | None:
+def render_user_data(
+    cluster: str, group: NodeGroupConfig, name: str, node_labels: Mapping[str, str]
+) -> str | None:
+    """`node_labels`: what the template promises that neither the kubelet nor the CCM sets
+    (template.labels.label_sources), so the real node carries every template label."""
     if group.user_data is None:
         return None
     values = {
-        "node_labels": userdata.format_labels(group.labels),
+        "node_labels": userdata.format_labels(node_labels.items()),
         "node_taints": userdata.format_taints(group.taints),
         "server_name": name,
         "group": group.name,
@@ -35,6 +41,7 @@ def build_spec(
     group: NodeGroupConfig,
     name: str,
     request_id: str,
+    node_labels: Mapping[str, str],
     interfaces: tuple[InterfaceRequest, ...] | None = None,
 ) -> ServerSpec:
     """Raises userdata.UserDataError if the group's template cannot be rendered.
@@ -54,6 +61,6 @@ def build_spec(
         use_private_network=group.use_private_network,
         use_ipv6=group.use_ipv6,
         interfaces=interfaces,
-        user_data=render_user_data(cluster, group, name),
+        user_data=render_user_data(cluster, group, name, node_labels),
         tags=tags,
     )

@@ -34,7 +34,7 @@ from cloudscale_autoscaler.template.allocatable import (
     NVIDIA_GPU,
     PODS,
 )
-from cloudscale_autoscaler.template.node import (
+from cloudscale_autoscaler.template.labels import (
     LABEL_HOSTNAME,
     LABEL_INSTANCE_TYPE,
     LABEL_REGION,

@@ -9,17 +9,12 @@ Decisions, with the reasons:
 - spec.providerID stays EMPTY. CA's sanitation leaves it untouched, the in-tree providers
   (hetzner, clusterapi, ...) leave it empty too, and a made-up `cloudscale://...` ID would look
   like a real instance to anything that matches instances to nodes by provider ID.
-- Labels are what the cloudscale CCM and kubelet put on a real node: kubernetes.io/os,
-  kubernetes.io/arch, kubernetes.io/hostname, node.kubernetes.io/instance-type=<flavor>, and
-  topology.kubernetes.io/zone / region when the group names a zone. The region is the zone
-  without its trailing digits (lpg1 -> lpg), as the CCM derives it. A group without a zone gets
-  NO zone/region labels: the server lands in the project's default zone, which we do not know,
-  and a wrong zone label is worse than none (set `zone` for zone-aware scheduling).
-- GPU flavors carry `<gpuLabel>=<model>` with the model name made a valid label value (see
-  gpu_label_value) and nvidia.com/gpu in capacity and allocatable.
-- The group's configured labels are applied last and override every computed label: explicit
-  configuration wins. Real nodes must carry the same labels (kubelet --node-labels), or pods
-  that select on them would trigger scale-ups that never help.
+- Labels are what the kubelet and the cloudscale CCM put on a real node plus what userData
+  must pass with ${node_labels} (the GPU label, the group's labels); labels.py decides which
+  is which, so the template promises nothing a real node will not carry. A group without a
+  zone gets no zone/region labels (a wrong zone label is worse than none).
+- GPU flavors carry `<gpuLabel>=<model>` (see labels.gpu_label_value) and nvidia.com/gpu in
+  capacity and allocatable.
 - Annotations name the cluster and group, so NodePrice (which receives only name, labels and
   annotations of a sanitised template) can tell groups apart without parsing CA's node name.
 - Status: a Ready condition (reason KubeletReady) and the three pressure conditions False, as a
@@ -27,8 +22,6 @@ Decisions, with the reasons:
 """
 
 from __future__ import annotations
-
-import re
 
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import NodeGroupConfig
@@ -38,21 +31,15 @@ from cloudscale_autoscaler.template.allocatable import (
     node_capacity,
     quantity_strings,
 )
+from cloudscale_autoscaler.template.labels import (
+    ARCH,
+    OS,
+    label_sources,
+    template_name,
+)
 
-LABEL_OS = "kubernetes.io/os"
-LABEL_ARCH = "kubernetes.io/arch"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-LABEL_ZONE = "topology.kubernetes.io/zone"
-LABEL_REGION = "topology.kubernetes.io/region"
 ANNOTATION_CLUSTER = "autoscaler.cloudscale.ch/cluster"
 ANNOTATION_GROUP = "autoscaler.cloudscale.ch/node-group"
-
-OS = "linux"
-ARCH = "amd64"  # every cloudscale.ch flavor is x86-64
-UNKNOWN_GPU = "unknown"
-_LABEL_VALUE_MAX = 63
-_NOT_ALNUM = re.compile(r"[^a-z0-9]+")
 
 # (type, status, reason, message) of a healthy kubelet's conditions.
 _CONDITIONS = (
@@ -63,45 +50,9 @@ _CONDITIONS = (
 )
 
 
-def template_name(group: str) -> str:
-    return f"template-{group}"
-
-
-def region_of(zone: str) -> str:
-    """The region slug of a zone slug, as the CCM derives it: lpg1 -> lpg, rma1 -> rma."""
-    return zone.rstrip("0123456789") or zone
-
-
-def gpu_label_value(model: str) -> str:
-    """A GPU model name as a label value.
-
-    "NVIDIA RTX PRO 6000 Max-Q" -> "nvidia-rtx-pro-6000-max-q": lowercase; every run of
-    characters other than a-z and 0-9 becomes one "-"; no leading or trailing "-"; at most 63
-    characters. A name with nothing left becomes "unknown", since the label must still be
-    present for CA to see the GPU. Use this same function wherever the label value is needed
-    (GetAvailableGPUTypes, the real node's --node-labels) so template and nodes agree.
-    """
-    value = _NOT_ALNUM.sub("-", model.lower()).strip("-")
-    value = value[:_LABEL_VALUE_MAX].rstrip("-")
-    return value or UNKNOWN_GPU
-
-
 def template_labels(group: NodeGroupConfig, flavor: Flavor, gpu_label: str) -> dict[str, str]:
-    """The template's labels: well-known ones, the GPU label, then the group's own (which win)."""
-    name = template_name(group.name)
-    labels = {
-        LABEL_OS: OS,
-        LABEL_ARCH: ARCH,
-        LABEL_INSTANCE_TYPE: flavor.slug,
-    }
-    if group.zone:
-        labels[LABEL_ZONE] = group.zone
-        labels[LABEL_REGION] = region_of(group.zone)
-    labels[LABEL_HOSTNAME] = name
-    if flavor.gpu is not None and flavor.gpu.count > 0:
-        labels[gpu_label] = gpu_label_value(flavor.gpu.name)
-    labels.update(group.labels)
-    return labels
+    """The template's labels: set by the kubelet, by the CCM, or passed with ${node_labels}."""
+    return label_sources(group, flavor, gpu_label).template()
 
 
 def build_template_node(

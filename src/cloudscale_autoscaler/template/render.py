@@ -23,6 +23,7 @@ from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.node import build_template_node
+from cloudscale_autoscaler.template.slug import flavor_from_slug
 
 _QUANTITY = "k8s.io.apimachinery.pkg.api.resource.Quantity"
 _TIME = "k8s.io.apimachinery.pkg.apis.meta.v1.Time"
@@ -87,7 +88,8 @@ def _error(message: str) -> None:
 
 
 def template_command(config_path: Path, group: str, output: str) -> int:
-    """Print the group's template Node; 2 for a bad config/group/flavor, 1 if the API fails."""
+    """Print the group's template Node; 2 for a bad config/group/flavor, 1 if the API fails
+    and the flavor slug does not say the size."""
     from cloudscale_autoscaler.config_loader import load_config
 
     try:
@@ -103,8 +105,17 @@ def template_command(config_path: Path, group: str, output: str) -> int:
     try:
         flavors = asyncio.run(_fetch_flavors(config))
     except CloudError as exc:
-        _error(f"cannot list flavors from {config.cloudscale.url}: {exc}")
-        return EXIT_CLOUD
+        # Offline (or the API is down): the slug says the size, so the template still prints.
+        flavor = flavor_from_slug(group_config.flavor)
+        if flavor is None:
+            _error(f"cannot list flavors from {config.cloudscale.url}: {exc}")
+            return EXIT_CLOUD
+        print(
+            f"note: cannot list flavors from {config.cloudscale.url} ({exc}); "
+            f'sizes read from the flavor slug "{flavor.slug}"',
+            file=sys.stderr,
+        )
+        flavors = [flavor]
     flavor = next((f for f in flavors if f.slug == group_config.flavor), None)
     if flavor is None:
         known = ", ".join(sorted(f.slug for f in flavors)) or "(none)"

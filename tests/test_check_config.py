@@ -84,7 +84,13 @@ def test_valid_config_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFix
         "  spare: size 0-2, flavor flex-4-1, image d, zone (project default), volume 10 GB, "
         "0 labels, 0 taints, options: no, interfaces: public",
     ]
-    assert err == ""
+    # Valid, with warnings: labels and taints without userData, and autoscalingOptions.
+    warnings = err.splitlines()
+    assert [w.split(":")[0] for w in warnings] == ["warning"] * 3
+    assert "nodeGroups[0] (workers): has labels but it has no userData for" in warnings[0]
+    assert "nodeGroups[0] (workers): has taints but it has no userData for" in warnings[1]
+    assert "node group(s) workers set autoscalingOptions" in warnings[2]
+    assert "kubernetes/autoscaler#10245" in warnings[2]
     assert SECRET not in out
 
 
@@ -229,6 +235,7 @@ async def test_online_ok(
             "flavor": "gpu2-128-16-1-200",
             "image": "custom:my-image",
             "zone": "rma1",
+            "userData": "#cloud-config\n# --node-labels=${node_labels}\n",
         },
     ]
     path = write_config(tmp_path, groups, url=emulator.url, token=EMULATOR_TOKEN)

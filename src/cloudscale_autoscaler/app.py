@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING
 from grpc_health.v1 import health_pb2
 
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
+from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, ConfigError
+from cloudscale_autoscaler.configfile.advice import config_warnings
+from cloudscale_autoscaler.configfile.check import catalogue_errors, fetch_catalogue
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
@@ -92,7 +96,28 @@ async def build_provider(config: Config) -> Provider:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
+    for warning in config_warnings(config):
+        log.warning("config: %s", warning)
+    # In the background: a slow API must not delay serving. Same check as check-config --online.
+    check = asyncio.create_task(_check_catalogue(config, client))
+    # Closed after the link (which must release the Lease first), before engine and client.
+    provider.closers.insert(2, lambda: _cancel(check))
     return provider
+
+
+async def _check_catalogue(config: Config, cloud: Cloud) -> None:
+    try:
+        catalogue = await fetch_catalogue(cloud)
+    except CloudError as error:
+        log.warning("could not check flavors, images and zones against the API: %s", error)
+        return
+    for problem in catalogue_errors(config.node_groups, *catalogue):
+        log.warning("config: %s: creating servers in this node group will fail", problem)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _elects(provider: Provider) -> bool:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
+from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.config_loader import TOKEN_ENV
+from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.configfile.interfaces import interfaces_text
 from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
 from cloudscale_autoscaler.configfile.network_check import (
@@ -41,6 +43,8 @@ def run_check(path: Path, online: bool) -> int:
         return EXIT_INVALID
     print(f"{path}: config OK")
     print(summary(config))
+    for warning in config_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     if not online:
         return EXIT_OK
     return _online(config)
@@ -160,16 +164,20 @@ def catalogue_errors(
     return errors
 
 
-async def fetch_catalogue(config: Config) -> tuple[list[Flavor], list[Image], list[Region]]:
+Catalogue = tuple[list[Flavor], list[Image], list[Region]]
+
+
+async def fetch_catalogue(cloud: Cloud) -> Catalogue:
+    return await cloud.list_flavors(), await cloud.list_images(), await cloud.list_regions()
+
+
+async def _fetch_online(config: Config) -> Catalogue:
     from cloudscale_autoscaler.cloud.client import CloudscaleClient
 
     client = CloudscaleClient.from_config(config.cloudscale)
     client.max_retries = ONLINE_MAX_RETRIES
     async with client:
-        flavors = await client.list_flavors()
-        images = await client.list_images()
-        regions = await client.list_regions()
-    return flavors, images, regions
+        return await fetch_catalogue(client)
 
 
 def _online(config: Config) -> int:
@@ -177,7 +185,7 @@ def _online(config: Config) -> int:
     networks: list[Network] = []
     subnets: list[Subnet] = []
     try:
-        flavors, images, regions = asyncio.run(fetch_catalogue(config))
+        flavors, images, regions = asyncio.run(_fetch_online(config))
         if uses_private_networks(config.node_groups):
             networks, subnets = asyncio.run(fetch_networks(config, ONLINE_MAX_RETRIES))
     except AuthenticationError as exc:

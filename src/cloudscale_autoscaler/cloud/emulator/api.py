@@ -30,6 +30,7 @@ from cloudscale_autoscaler.cloud.emulator.responses import (
     converted,
     detail,
     drop_connection,
+    error_response,
     json_bytes,
     json_value,
     no_content,
@@ -90,6 +91,24 @@ async def handle_api_request(request: web.Request, handler: Handler) -> web.Stre
     endpoint = request.match_info.route.name
     if endpoint is None:  # no such route or method: DRF 404/405, not counted
         return await converted(request, handler)
+    if request.method == "GET":
+        return await _counted(request, handler, state, endpoint)
+    # A real API carries out a change it received even if nobody waits for the answer any
+    # more: read the whole body now (a client gone later must not fail the read) and shield
+    # the handling from the connection's cancellation.
+    try:
+        await request.read()
+    except web.HTTPException as exc:  # an oversized body: refused up front, as a proxy does
+        return error_response(exc)
+    task = asyncio.ensure_future(_counted(request, handler, state, endpoint))
+    state.carried.add(task)
+    task.add_done_callback(state.carried.discard)
+    return await asyncio.shield(task)
+
+
+async def _counted(
+    request: web.Request, handler: Handler, state: EmulatorState, endpoint: str
+) -> web.StreamResponse:
     state.in_flight[endpoint] = state.in_flight.get(endpoint, 0) + 1
     try:
         response = await converted(request, lambda r: _faulty(r, handler, state, endpoint))

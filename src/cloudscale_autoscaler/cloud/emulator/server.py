@@ -91,6 +91,10 @@ class Emulator:
         self._origin = None
         if runner is not None:
             await runner.cleanup()
+        carried = list(self.state.carried)
+        for task in carried:
+            task.cancel()
+        await asyncio.gather(*carried, return_exceptions=True)
 
     async def __aenter__(self) -> Emulator:
         if self._runner is None:

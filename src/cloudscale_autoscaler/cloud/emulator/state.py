@@ -71,6 +71,9 @@ class EmulatorState:
         self.faults_changed = asyncio.Event()  # set (and replaced) whenever faults change
         # Requests per endpoint being handled right now (e.g. held by an injected latency).
         self.in_flight: dict[str, int] = {}
+        # Changes being carried out whatever happens to their connection (Emulator.stop
+        # cancels the ones still running).
+        self.carried: set[asyncio.Future[Any]] = set()
         self.reset()
 
     def reset(self) -> None:

@@ -1,0 +1,70 @@
+"""kill -9 of `cloudscale-autoscaler serve` (a real process) while creates are in flight.
+
+The emulator carries out every create it received although the client died, as a real API
+does. After a restart and a Refresh: every server that exists carries the cluster, group and
+request tags, the target equals what exists, and nothing is duplicated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from campaign.serve import start_serve, write_config
+from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.stack import wait_until
+from fixtures.tls import PKI
+from test_shutdown import GROUP, group_view, stub_call
+
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+
+CLUSTER = "crash"
+IN_FLIGHT = 3
+
+
+async def test_kill_9_during_increase_size(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    config = write_config(
+        tmp_path, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
+        cloudscale={"maxConcurrentCreates": IN_FLIGHT},
+    )  # fmt: skip
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1500}}})
+    first = await start_serve(config, log_level="info")
+    try:
+        await stub_call(first.address, pki, "Refresh", pb.RefreshRequest())
+        request = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=6)
+        await stub_call(first.address, pki, "NodeGroupIncreaseSize", request)
+
+        async def creates_out() -> bool:
+            return (await emulator.admin.in_flight()).get("create_server", 0) == IN_FLIGHT
+
+        await wait_until(creates_out, 30, "the creates did not reach the API")
+    finally:
+        await first.kill()  # SIGKILL: nothing is finished, nothing is cleaned up
+    assert first.process.returncode == -9
+
+    async def api_idle() -> bool:
+        return not (await emulator.admin.in_flight()).get("create_server", 0)
+
+    await wait_until(api_idle, 30, "the API is still creating")
+    await emulator.admin.clear_faults()
+    # Every create the API received was carried out; the three still queued were never sent.
+    assert (await emulator.admin.stats())["create_server"] == {"201": IN_FLIGHT}
+    servers = await emulator.admin.servers()
+    assert len(servers) == IN_FLIGHT
+    for server in servers:
+        tags = server["tags"]
+        assert tags.get(TAG_CLUSTER) == CLUSTER and tags.get(TAG_GROUP) == "workers", server
+        assert tags.get(TAG_REQUEST), server
+    assert max(Counter(s["tags"][TAG_REQUEST] for s in servers).values()) == 1
+    assert max(Counter(s["name"] for s in servers).values()) == 1
+
+    second = await start_serve(config, log_level="info")
+    try:
+        size, ids = await group_view(second.address, pki)
+    finally:
+        await second.stop()
+    assert size == len(servers)
+    assert ids == {f"cloudscale://{s['uuid']}" for s in servers}

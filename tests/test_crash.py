@@ -14,10 +14,9 @@ from campaign.serve import start_serve, write_config
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.stack import wait_until
 from fixtures.tls import PKI
-from test_shutdown import GROUP, group_view, stub_call
+from test_shutdown import GROUP, group_view, serve_with_creates_in_flight
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
-from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 CLUSTER = "crash"
 IN_FLIGHT = 3
@@ -30,19 +29,8 @@ async def test_kill_9_during_increase_size(
         tmp_path, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
         cloudscale={"maxConcurrentCreates": IN_FLIGHT},
     )  # fmt: skip
-    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1500}}})
-    first = await start_serve(config, log_level="info")
-    try:
-        await stub_call(first.address, pki, "Refresh", pb.RefreshRequest())
-        request = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=6)
-        await stub_call(first.address, pki, "NodeGroupIncreaseSize", request)
-
-        async def creates_out() -> bool:
-            return (await emulator.admin.in_flight()).get("create_server", 0) == IN_FLIGHT
-
-        await wait_until(creates_out, 30, "the creates did not reach the API")
-    finally:
-        await first.kill()  # SIGKILL: nothing is finished, nothing is cleaned up
+    first = await serve_with_creates_in_flight(config, pki, emulator, 6, IN_FLIGHT, 1500)
+    await first.kill()  # SIGKILL: nothing is finished, nothing is cleaned up
     assert first.process.returncode == -9
 
     async def api_idle() -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from campaign.serve import start_serve, write_config
+from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.stack import wait_until
 from fixtures.tls import PKI, grpc_channel
@@ -45,6 +45,29 @@ async def group_view(address: str, pki: PKI) -> tuple[int, set[str]]:
     return size.targetSize, {i.id for i in nodes.instances}
 
 
+async def serve_with_creates_in_flight(
+    config: Path, pki: PKI, emulator: RunningEmulator, delta: int, max_creates: int, ms: int
+) -> ServeProcess:
+    """A `serve` process that was asked for `delta` servers, each create held `ms` by the
+    API, returned once min(delta, max_creates) creates have reached the API."""
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": ms}}})
+    serve = await start_serve(config, log_level="info")
+    try:
+        await stub_call(serve.address, pki, "Refresh", pb.RefreshRequest())
+        request = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=delta)
+        await stub_call(serve.address, pki, "NodeGroupIncreaseSize", request)
+
+        async def creations_out() -> bool:
+            in_flight = (await emulator.admin.in_flight()).get("create_server", 0)
+            return in_flight == min(delta, max_creates)
+
+        await wait_until(creations_out, 30, "creations did not reach the API")
+    except BaseException:
+        await serve.kill()
+        raise
+    return serve
+
+
 @pytest.mark.parametrize(
     ("max_creates", "signals", "expected_servers"),
     [(10, 1, 4), (1, 1, 1), (10, 2, None)],
@@ -62,21 +85,8 @@ async def test_sigterm_with_creations_in_flight(
         tmp_path, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
         cloudscale={"maxConcurrentCreates": max_creates},
     )  # fmt: skip
-    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 2000}}})
-    first = await start_serve(config, log_level="info")
+    first = await serve_with_creates_in_flight(config, pki, emulator, 4, max_creates, 2000)
     try:
-        await stub_call(first.address, pki, "Refresh", pb.RefreshRequest())
-        await stub_call(
-            first.address,
-            pki,
-            "NodeGroupIncreaseSize",
-            pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4),
-        )
-
-        async def creations_out() -> bool:
-            return (await emulator.admin.in_flight()).get("create_server", 0) == min(4, max_creates)
-
-        await wait_until(creations_out, 30, "creations did not reach the API")
         first.process.send_signal(signal.SIGTERM)
         if signals == 2:
             await first.wait_for_output("received SIGTERM")

@@ -10,13 +10,18 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from campaign.serve import start_serve, write_config
+from campaign.serve import write_config
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.stack import wait_until
 from fixtures.tls import PKI
-from test_shutdown import GROUP, group_view, serve_with_creates_in_flight
+from test_shutdown import (
+    GROUP,
+    assert_next_process_counts,
+    assert_tagged,
+    serve_with_creates_in_flight,
+)
 
-from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.cloud.models import TAG_REQUEST
 
 CLUSTER = "crash"
 IN_FLIGHT = 3
@@ -42,17 +47,7 @@ async def test_kill_9_during_increase_size(
     assert (await emulator.admin.stats())["create_server"] == {"201": IN_FLIGHT}
     servers = await emulator.admin.servers()
     assert len(servers) == IN_FLIGHT
-    for server in servers:
-        tags = server["tags"]
-        assert tags.get(TAG_CLUSTER) == CLUSTER and tags.get(TAG_GROUP) == "workers", server
-        assert tags.get(TAG_REQUEST), server
+    assert_tagged(servers, CLUSTER)
     assert max(Counter(s["tags"][TAG_REQUEST] for s in servers).values()) == 1
     assert max(Counter(s["name"] for s in servers).values()) == 1
-
-    second = await start_serve(config, log_level="info")
-    try:
-        size, ids = await group_view(second.address, pki)
-    finally:
-        await second.stop()
-    assert size == len(servers)
-    assert ids == {f"cloudscale://{s['uuid']}" for s in servers}
+    await assert_next_process_counts(config, pki, servers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -104,13 +105,22 @@ async def test_sigterm_with_creations_in_flight(
 
     await wait_until(api_idle, 30, "the API is still creating")
     servers = await emulator.admin.servers()
-    for server in servers:
-        tags = server["tags"]
-        assert tags.get(TAG_CLUSTER) == CLUSTER and tags.get(TAG_GROUP) == "workers", server
-        assert tags.get(TAG_REQUEST), server
+    assert_tagged(servers, CLUSTER)
     if expected_servers is not None:
         assert len(servers) == expected_servers, first.output
+    await assert_next_process_counts(config, pki, servers)
 
+
+def assert_tagged(servers: list[dict[str, Any]], cluster: str) -> None:
+    """Every server carries the cluster, group and request tags."""
+    for server in servers:
+        tags = server["tags"]
+        assert tags.get(TAG_CLUSTER) == cluster and tags.get(TAG_GROUP) == "workers", server
+        assert tags.get(TAG_REQUEST), server
+
+
+async def assert_next_process_counts(config: Path, pki: PKI, servers: list[dict[str, Any]]) -> None:
+    """A new `serve` process, after a Refresh, counts exactly these servers."""
     second = await start_serve(config, log_level="info")
     try:
         size, ids = await group_view(second.address, pki)

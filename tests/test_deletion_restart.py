@@ -77,6 +77,30 @@ async def test_refused_tag_or_delete_leaves_the_server_as_it_was(
     assert await s.admin.deletions() == []
 
 
+async def test_tag_whose_answer_is_lost_is_undone(stack: StackFactory) -> None:
+    """Every tag request reaches the API and is carried out, but each answer comes after the
+    client gave up: the provider cannot know, so it puts the old tags back (also carried out,
+    after the tag) and reports the deletion failed; nothing is deleted."""
+    s = await stack([group("workers", 0, 10)], cloudscale={"timeout_seconds": 0.2})
+    uuids = await s.admin.populate(2, group_tags("workers"))
+    await s.refresh()
+    await s.admin.set_faults({"latency": {"patch_server": {"fixed_ms": 400}}})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _delete(s, uuids[:1])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    async def idle() -> bool:
+        return not (await s.admin.in_flight()).get("patch_server", 0)
+
+    await wait_until(idle, 30, "the tag requests are still being carried out")
+    await s.admin.clear_faults()
+    assert (await s.admin.stats())["patch_server"]["204"] >= 2  # tagged, then untagged
+    await s.refresh()
+    assert all(TAG_DELETION not in srv["tags"] for srv in await s.admin.servers())
+    assert await s.target("workers") == 2
+    assert await s.admin.deletions() == []
+
+
 async def test_delete_lost_is_finished_by_refresh(stack: StackFactory) -> None:
     s = await stack([group("workers", 0, 10)])
     uuids = await s.admin.populate(2, group_tags("workers"))

@@ -601,14 +601,15 @@ class Engine:
         if original is not None:
             try:
                 await self._set_tags(group, uuid, {**original, TAG_DELETION: _utc_now()})
-            except CloudError:
-                await self._untag(group, uuid, original)  # the answer may be lost, not the tag
+            except CloudError as error:
+                if not _refused(error):
+                    await self._untag(group, uuid, original)  # the answer may be lost, not the tag
                 raise
         try:
             await self._cloud.delete_server(uuid)  # 404 = already gone = success
         except CloudError as error:
-            if original is not None and error.status is not None and error.status < 500:
-                await self._untag(group, uuid, original)  # refused: nothing was deleted
+            if original is not None and _refused(error):
+                await self._untag(group, uuid, original)  # nothing was deleted
             raise
 
     async def _set_tags(self, group: GroupState, uuid: str, tags: dict[str, str]) -> None:
@@ -660,6 +661,11 @@ class Engine:
 
 
 API_UNREACHABLE = "the cloudscale.ch API is unreachable"
+
+
+def _refused(error: CloudError) -> bool:
+    """The API answered 4xx: it certainly did not carry the request out (429s were retried)."""
+    return error.status is not None and 400 <= error.status < 500
 
 
 def _utc_now() -> str:

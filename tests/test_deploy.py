@@ -10,9 +10,9 @@ The built outputs (`kustomize build`, `helm template`) are then checked for what
 deployment work: the config validates with the real loader and points at the mounted files, the
 server certificate names the host Cluster Autoscaler dials, the hardening is in place.
 
-helm and kustomize come from PATH (kustomize also as `kubectl kustomize`), else they are built
-once with `go install` from the Go module proxy into ~/.cache/cloudscale-autoscaler/bin. Tests
-that need one skip, with the reason, only when that fails.
+helm and kustomize come from PATH (kustomize also as `kubectl kustomize`), else from the cache
+fixtures/tools.py builds them into once. Tests that need one skip, with the reason, only when
+that build fails (CI builds them before the tests).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.tools import HELM, INSTALL_TIMEOUT_SECONDS, KUSTOMIZE, ensure
 from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.certs import mint_dev_pki
@@ -53,27 +54,9 @@ CLOUD_CONFIG_KEYS = {"address", "cert", "key", "cacert", "grpc_timeout"}
 # Which file of a cert-manager Secret each TLS setting of the config must name.
 TLS_FILES = {"cert": "tls.crt", "key": "tls.key", "clientCA": "ca.crt"}
 
-HELM_PACKAGE = "helm.sh/helm/v3/cmd/helm"
-HELM_VERSION = "v3.22.0"
-# helm's own Makefile stamps these; a bare `go install` would report "v3.22" and render for
-# Kubernetes 1.20. 37 = the minor of k8s.io/client-go v0.37.0 in helm v3.22.0's go.mod.
-HELM_LDFLAGS = " ".join(
-    f"-X helm.sh/helm/v3/{var}"
-    for var in (
-        f"internal/version.version={HELM_VERSION}",
-        "pkg/lint/rules.k8sVersionMajor=1",
-        "pkg/lint/rules.k8sVersionMinor=37",
-        "pkg/chartutil.k8sVersionMajor=1",
-        "pkg/chartutil.k8sVersionMinor=37",
-    )
-)
-KUSTOMIZE_PACKAGE = "sigs.k8s.io/kustomize/kustomize/v5"
-KUSTOMIZE_VERSION = "v5.8.1"  # v5.8.2+ need Go 1.27
 KUBE_VERSION = "1.34.0"  # what `helm template` and `helm lint` render for
-INSTALL_SECONDS = 900
-GO_FALLBACK = Path("/usr/local/go/bin/go")  # where the Go toolchain lives on these machines
 # A test that may have to build helm or kustomize first gets time for that.
-NEEDS_TOOL = pytest.mark.timeout(INSTALL_SECONDS + 120)
+NEEDS_TOOL = pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 120)
 
 Doc = dict[str, Any]
 
@@ -394,72 +377,25 @@ def _check_obj(value: Any, shape: Obj, path: str) -> list[str]:
 # --- tools: helm and kustomize ------------------------------------------------------------
 
 
-def tools_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "cloudscale-autoscaler" / "bin"
-
-
 def run(cmd: list[str], *, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
     )
 
 
-def go_install(package: str, version: str, ldflags: str = "") -> str | None:
-    """Build package@version into tools_dir(); None on success, else why it failed."""
-    go = shutil.which("go") or (str(GO_FALLBACK) if GO_FALLBACK.exists() else None)
-    if go is None:
-        return "no Go toolchain (go) to build it with"
-    env = {**os.environ, "GOBIN": str(tools_dir()), "CGO_ENABLED": "0"}
-    cmd = [go, "install", f"-ldflags={ldflags}", f"{package}@{version}"]
-    try:
-        done = run(cmd, timeout=INSTALL_SECONDS, env=env)
-    except subprocess.TimeoutExpired:
-        return f"`{shlex.join(cmd)}` ran over {INSTALL_SECONDS}s"
-    if done.returncode != 0:
-        return f"`{shlex.join(cmd)}` failed: {done.stderr.strip()[-1500:]}"
-    return None
-
-
-def helm_version(helm: str) -> str:
-    try:
-        done = run([helm, "version", "--template", "{{.Version}}"], timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
 @pytest.fixture(scope="session")
 def helm() -> str:
     """A helm v3 binary: from PATH, else the cached build, else built now."""
-    on_path = shutil.which("helm")
-    if on_path and helm_version(on_path).startswith("v3."):
-        return on_path
-    cached = str(tools_dir() / "helm")
-    if helm_version(cached) != HELM_VERSION:
-        why = go_install(HELM_PACKAGE, HELM_VERSION, HELM_LDFLAGS)
-        if why is not None:
-            pytest.skip(f"helm {HELM_VERSION} could not be installed: {why}")
-    if helm_version(cached) != HELM_VERSION:
-        pytest.skip(f"helm built into {cached} does not report {HELM_VERSION}")
-    return cached
+    return ensure(HELM)
 
 
 @pytest.fixture(scope="session")
 def kustomize() -> list[str]:
     """The command that builds a kustomization directory given as its last argument."""
-    if found := shutil.which("kustomize"):
-        return [found, "build"]
-    if (kubectl := shutil.which("kubectl")) and run(
-        [kubectl, "kustomize", "--help"]
-    ).returncode == 0:
+    kubectl = None if shutil.which("kustomize") else shutil.which("kubectl")
+    if kubectl and run([kubectl, "kustomize", "--help"]).returncode == 0:
         return [kubectl, "kustomize"]
-    cached = tools_dir() / "kustomize"
-    if not cached.exists():
-        why = go_install(KUSTOMIZE_PACKAGE, KUSTOMIZE_VERSION)
-        if why is not None:
-            pytest.skip(f"kustomize {KUSTOMIZE_VERSION} could not be installed: {why}")
-    return [str(cached), "build"]
+    return [ensure(KUSTOMIZE), "build"]
 
 
 def kustomize_build(kustomize: list[str], directory: Path) -> list[Doc]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,18 @@ import yaml
 from fixtures.emulator import TOKEN as EMULATOR_TOKEN
 from fixtures.emulator import RunningEmulator
 
+from cloudscale_autoscaler.certs import DevPKI, mint_dev_pki
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
 from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.configfile.check import catalogue_errors
 
 SECRET = "check-config-secret-token-0123456789"
+
+
+@functools.cache
+def _dev_pki() -> DevPKI:
+    return mint_dev_pki()
 
 
 def write_config(
@@ -27,9 +34,11 @@ def write_config(
     token: str = SECRET,
     **top: Any,
 ) -> Path:
-    (tmp_path / "tls").mkdir(exist_ok=True)
-    for name in ("server.crt", "server.key", "ca.crt"):
-        (tmp_path / "tls" / name).write_text("placeholder\n")
+    tls = tmp_path / "tls"
+    tls.mkdir(exist_ok=True)
+    pki = _dev_pki()
+    pki.server.write(tls / "server.crt", tls / "server.key")
+    pki.ca.write(tls / "ca.crt")
     (tmp_path / "token").write_text(token + "\n")
     os.chmod(tmp_path / "token", 0o600)
     doc: dict[str, Any] = {

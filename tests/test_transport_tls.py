@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import ssl
 from pathlib import Path
@@ -221,6 +222,48 @@ async def test_half_rotated_files_keep_the_previous_certificate(pki: PKI) -> Non
         assert await asyncio.to_thread(_served_serial, running.port, pki) == (
             rotated.issued.cert.serial_number
         )
+
+
+def _unusable_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "cloudscale_autoscaler.transport.tls" and "not usable" in r.getMessage()
+    ]
+
+
+async def test_a_deleted_certificate_file_is_logged_once(
+    pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes()).serial_number
+    rotated = pki.server()
+    caplog.set_level(logging.WARNING, logger="cloudscale_autoscaler.transport.tls")
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        pki.server_cert.unlink()
+        for _ in range(3):  # every handshake rechecks the files
+            assert await asyncio.to_thread(_served_serial, running.port, pki) == first
+        (warning,) = _unusable_warnings(caplog)
+        assert str(pki.server_cert) in warning and "No such file" in warning
+        _replace(pki.server_key, rotated.key)
+        _replace(pki.server_cert, rotated.cert)
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == (
+            rotated.issued.cert.serial_number
+        )
+
+
+async def test_an_expired_rotation_keeps_the_previous_certificate(
+    pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes()).serial_number
+    expired = pki.server(validity=Validity.expired())
+    caplog.set_level(logging.WARNING, logger="cloudscale_autoscaler.transport.tls")
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        _replace(pki.server_key, expired.key)
+        _replace(pki.server_cert, expired.cert)
+        for _ in range(2):
+            assert await asyncio.to_thread(_served_serial, running.port, pki) == first
+        (warning,) = _unusable_warnings(caplog)
+        assert "expired at" in warning
 
 
 async def test_rotated_client_ca_applies_to_new_connections(pki: PKI) -> None:

@@ -41,6 +41,10 @@ def run_check(path: Path, online: bool) -> int:
     except ConfigError as exc:
         _print_errors(f"{path}: invalid config", exc.errors)
         return EXIT_INVALID
+    tls_error = _tls_error(config)
+    if tls_error is not None:
+        _print_errors(f"{path}: invalid config", [tls_error])
+        return EXIT_INVALID
     print(f"{path}: config OK")
     print(summary(config))
     for warning in config_warnings(config):
@@ -48,6 +52,20 @@ def run_check(path: Path, online: bool) -> int:
     if not online:
         return EXIT_OK
     return _online(config)
+
+
+def _tls_error(config: Config) -> str | None:
+    """What `serve` would refuse to start with: the same load and checks, the same message."""
+    from cloudscale_autoscaler.transport.tls import TLSFileError, load_material
+
+    tls = config.tls
+    if tls.insecure or tls.cert is None or tls.key is None or tls.client_ca is None:
+        return None
+    try:
+        load_material(tls.cert, tls.key, tls.client_ca)
+    except TLSFileError as exc:
+        return str(exc)
+    return None
 
 
 def _print_errors(headline: str, errors: Sequence[str]) -> None:

@@ -6,8 +6,12 @@ stats the three files at most once per `min_interval` seconds and, when one chan
 set is valid, hands gRPC a new certificate configuration. Established connections keep the
 certificate they negotiated (TLS checks validity only during the handshake), so rotation needs
 no restart and drops no RPC. An invalid intermediate state (a key that no longer matches the
-certificate halfway through a non-atomic copy) is logged and skipped: the last good
+certificate halfway through a non-atomic copy) is logged once and skipped: the last good
 configuration stays in use until the files are consistent again.
+
+`load_material` is the one place the files are checked: `serve` calls it before it listens and
+on every reload, `check-config` calls it too, so a file one refuses the other refuses with the
+same message.
 
 Client certificates are always required and verified against `clientCA` (a PEM bundle, also
 reloaded). BoringSSL inside gRPC checks the client certificate's extended key usage (a
@@ -17,6 +21,7 @@ negotiates TLS 1.2 or newer only; tests/test_transport_tls.py pins both behaviou
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
@@ -28,6 +33,7 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +89,27 @@ def _public_key_der(key: object) -> bytes:
     return der
 
 
-def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
-    """Read and validate the files; raises TLSFileError naming the file at fault."""
+def _leaf_problem(leaf: x509.Certificate, now: dt.datetime) -> str | None:
+    """Why clients would refuse this server certificate, if they would."""
+    if now < leaf.not_valid_before_utc:
+        return f"not valid before {leaf.not_valid_before_utc.isoformat()}"
+    if now > leaf.not_valid_after_utc:
+        return f"expired at {leaf.not_valid_after_utc.isoformat()}"
+    try:
+        usages = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return None  # no restriction: any usage
+    if {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE} & set(usages):
+        return None
+    names = ", ".join(getattr(oid, "_name", oid.dotted_string) for oid in usages) or "none"
+    return f"extended key usage ({names}) lacks serverAuth: not a server certificate"
+
+
+def load_material(
+    cert: Path, key: Path, client_ca: Path, *, now: dt.datetime | None = None
+) -> TLSMaterial:
+    """Read and check the files as clients will (PEM, key pair, CA bundle, the certificate's
+    validity window at `now` and its usage); raises TLSFileError naming the file at fault."""
     chain = _read(cert, "tls.cert")
     key_pem = _read(key, "tls.key")
     ca_pem = _read(client_ca, "tls.clientCA")
@@ -101,15 +126,19 @@ def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
             f"tls.key {key}: does not match the certificate in tls.cert {cert} "
             "(a key and certificate from different pairs)"
         )
+    problem = _leaf_problem(leaf, now or dt.datetime.now(dt.UTC))
+    if problem is not None:
+        raise TLSFileError(f"tls.cert {cert}: {problem}; clients refuse it")
     return TLSMaterial(chain, key_pem, ca_pem, leaf)
 
 
-def _signature(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int, int], ...] | None:
-    """What changes when a file is rewritten or a Secret's symlink is swapped; None if missing."""
-    try:
-        stats = [os.stat(p) for p in paths]
-    except OSError:
-        return None
+Signature = tuple[tuple[int, int, int, int], ...]
+
+
+def _signature(paths: tuple[Path, ...]) -> Signature:
+    """What changes when a file is rewritten or a Secret's symlink is swapped; raises OSError
+    (with the file's name) when one is missing."""
+    stats = [os.stat(p) for p in paths]
     return tuple((s.st_dev, s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
 
 
@@ -129,13 +158,16 @@ class ReloadingCredentials:
         self._min_interval = min_interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._seen = _signature(self._paths)
-        self._failed: object = None  # signature of the last unusable state, logged once
+        try:  # before loading: a change in between is then seen by the next check
+            seen: Signature | None = _signature(self._paths)
+        except OSError:
+            seen = None  # load_material names the missing file
         self._material = load_material(cert, key, client_ca)
+        self._seen = seen
+        self._failed: object = None  # the last unusable state, logged once
         self._checked_at = clock()
         self._version = 0
         self._handed_out = 0
-        self._warn_if_not_current(self._material)
 
     @property
     def material(self) -> TLSMaterial:
@@ -173,16 +205,21 @@ class ReloadingCredentials:
             self._lock.release()
 
     def _reload_if_changed(self) -> bool:
-        signature = _signature(self._paths)
-        if signature is None or signature == self._seen:
+        try:
+            signature = _signature(self._paths)
+        except OSError as exc:
+            # cert-manager swaps a Secret's files atomically; a file that stays missing is a
+            # mistake worth one line, not one per handshake.
+            self._unusable(("missing", exc.filename), f"{exc.filename}: {exc.strerror}")
+            return False
+        if signature == self._seen:
             return False
         try:
             material = load_material(*self._paths)
         except TLSFileError as exc:
-            if signature != self._failed:
-                self._failed = signature
-                log.warning("TLS files changed but are not usable; keeping the previous: %s", exc)
+            self._unusable(signature, str(exc))
             return False
+        self._failed = None
         self._seen = signature
         current = self._material
         if (material.cert_chain, material.key, material.client_ca) == (
@@ -193,12 +230,16 @@ class ReloadingCredentials:
             return False
         self._material = material
         self._version += 1
-        self._warn_if_not_current(material)
         log.info(
             "loaded new TLS certificate",
             extra={"serial": f"{material.leaf.serial_number:x}", "not_after": _iso(material)},
         )
         return True
+
+    def _unusable(self, state: object, reason: str) -> None:
+        if state != self._failed:
+            self._failed = state
+            log.warning("TLS files changed but are not usable; keeping the previous: %s", reason)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC's per-handshake callback: a configuration once after each change, else None."""
@@ -212,19 +253,6 @@ class ReloadingCredentials:
         except Exception:  # an exception here would fail the handshake, not just this check
             log.exception("TLS certificate reload check failed; keeping the current certificate")
             return None
-
-    @staticmethod
-    def _warn_if_not_current(material: TLSMaterial) -> None:
-        now = time.time()
-        leaf = material.leaf
-        if leaf.not_valid_before_utc.timestamp() > now or material.not_after < now:
-            log.warning(
-                "the server certificate is outside its validity window; clients will refuse it",
-                extra={
-                    "not_before": leaf.not_valid_before_utc.isoformat(),
-                    "not_after": _iso(material),
-                },
-            )
 
 
 def _iso(material: TLSMaterial) -> str:

@@ -1,0 +1,115 @@
+"""`check-config` runs the checks `serve` runs before it listens: every TLS file `serve`
+refuses at start, `check-config` refuses too, with the same message (both commands run as
+processes, as an operator runs them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures.tools import free_port, run_cli
+
+from cloudscale_autoscaler import certs
+from cloudscale_autoscaler.certs import Validity
+
+TOKEN = "preflight-test-token-0123456789"
+Break = Callable[[Path, certs.DevPKI], None]
+
+
+def _garbage_cert(tls: Path, pki: certs.DevPKI) -> None:
+    (tls / "tls.crt").write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n")
+
+
+def _garbage_key(tls: Path, pki: certs.DevPKI) -> None:
+    (tls / "tls.key").write_text("not a key\n")
+
+
+def _key_of_another_pair(tls: Path, pki: certs.DevPKI) -> None:
+    certs.mint_server(pki.ca).write(tls / "other.crt", tls / "tls.key")
+
+
+def _garbage_client_ca(tls: Path, pki: certs.DevPKI) -> None:
+    (tls / "ca.crt").write_bytes(b"\x00\x01binary junk")
+
+
+def _expired(tls: Path, pki: certs.DevPKI) -> None:
+    certs.mint_server(pki.ca, validity=Validity.expired()).write(tls / "tls.crt", tls / "tls.key")
+
+
+def _not_yet_valid(tls: Path, pki: certs.DevPKI) -> None:
+    issued = certs.mint_server(pki.ca, validity=Validity.not_yet_valid())
+    issued.write(tls / "tls.crt", tls / "tls.key")
+
+
+def _client_cert_as_server(tls: Path, pki: certs.DevPKI) -> None:
+    pki.client.write(tls / "tls.crt", tls / "tls.key")
+
+
+BREAKS: dict[str, tuple[Break, str]] = {
+    "garbage-cert": (_garbage_cert, "tls.crt: expected one or more PEM certificates"),
+    "garbage-key": (_garbage_key, "tls.key: expected an unencrypted PEM private key"),
+    "key-of-another-pair": (_key_of_another_pair, "does not match the certificate"),
+    "garbage-client-ca": (_garbage_client_ca, "ca.crt: expected one or more PEM certificates"),
+    "expired": (_expired, "tls.crt: expired at"),
+    "not-yet-valid": (_not_yet_valid, "tls.crt: not valid before"),
+    "client-cert-as-server": (_client_cert_as_server, "lacks serverAuth"),
+}
+
+
+def write_config(directory: Path, pki: certs.DevPKI) -> Path:
+    tls = directory / "tls"
+    pki.server.write(tls / "tls.crt", tls / "tls.key")
+    pki.ca.write(tls / "ca.crt")
+    token = directory / "token"
+    token.write_text(TOKEN)
+    os.chmod(token, 0o600)
+    doc = {
+        "cluster": "preflight",
+        "listen": f"127.0.0.1:{free_port()}",
+        "tls": {"cert": "tls/tls.crt", "key": "tls/tls.key", "clientCA": "tls/ca.crt"},
+        # Nothing listens there: the provider starts anyway and retries on Refresh.
+        "cloudscale": {"url": f"http://127.0.0.1:{free_port()}/v1", "tokenFile": "token"},
+        "nodeGroups": [
+            {"name": "workers", "minSize": 0, "maxSize": 3, "flavor": "flex-4-2", "image": "d"}
+        ],
+    }
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki() -> certs.DevPKI:
+    return certs.mint_dev_pki()
+
+
+def test_the_unbroken_config_passes_check_config(tmp_path: Path, pki: certs.DevPKI) -> None:
+    done = run_cli("check-config", "--config", str(write_config(tmp_path, pki)))
+    assert done.returncode == 0, done.stderr
+    assert "config OK" in done.stdout
+
+
+@pytest.mark.parametrize("case", BREAKS)
+def test_check_config_refuses_what_serve_refuses(
+    case: str, tmp_path: Path, pki: certs.DevPKI
+) -> None:
+    config = write_config(tmp_path, pki)
+    spoil, expected = BREAKS[case]
+    spoil(tmp_path / "tls", pki)
+
+    served = run_cli("serve", "--config", str(config))
+    assert served.returncode == 1, served.stderr
+    (line,) = [line for line in served.stderr.splitlines() if "cannot start: " in line]
+    message = line.split("cannot start: ", 1)[1]
+    assert expected in message
+
+    checked = run_cli("check-config", "--config", str(config))
+    assert checked.returncode == 2, checked.stdout
+    assert "config OK" not in checked.stdout
+    assert checked.stderr.splitlines() == [
+        f"{config}: invalid config (1 error):",
+        f"  {message}",
+    ]

@@ -51,6 +51,7 @@ from cloudscale_autoscaler.cloud.models import (
 )
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine import names, options, refusals, spec
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import (
@@ -241,7 +242,9 @@ class Engine:
         group = self._groups.get(name)
         if group is None:
             known = ", ".join(self._groups) or "none"
-            raise GroupNotFound(f"node group {name!r} is not configured (configured: {known})")
+            raise GroupNotFound(
+                f"node group {clip(name)!r} is not configured (configured: {known})"
+            )
         return group
 
     def _expire(self, group: GroupState) -> None:
@@ -557,7 +560,7 @@ class Engine:
             asyncio.gather(*(task for _, task in waits), return_exceptions=True)
         )
         failed = [
-            f"{node.shown} ({node.provider_id or 'no providerID'}): {result}"
+            f"{node.shown} ({clip(node.provider_id) or 'no providerID'}): {result}"
             for (node, _), result in zip(waits, results, strict=True)
             if isinstance(result, BaseException)
         ]

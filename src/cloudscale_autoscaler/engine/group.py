@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST, Server
 from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.engine.providerid import (
@@ -43,7 +44,7 @@ class NodeRef:
 
     @property
     def shown(self) -> str:
-        return self.name or self.provider_id or "<node without name and providerID>"
+        return clip(self.name or self.provider_id) or "<node without name and providerID>"
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ class GroupState:
             if ident in self.gone:
                 return AlreadyGone(node)
             raise FailedPrecondition(
-                f"node {node.shown}: no failed-creation placeholder {ident!r} in node group "
+                f"node {node.shown}: no failed-creation placeholder {clip(ident)!r} in node group "
                 f"{self.name}"
             )
         uuid = self._uuid_for(node)
@@ -275,7 +276,7 @@ class GroupState:
             uuid = parse_server_uuid(node.provider_id)
             if uuid is None:
                 raise FailedPrecondition(
-                    f"node {node.shown}: providerID {node.provider_id!r} is not a cloudscale "
+                    f"node {node.shown}: providerID {clip(node.provider_id)!r} is not a cloudscale "
                     "server (expected cloudscale://<uuid>)"
                 )
             return uuid

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
+from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.logs import request_id_var
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,7 @@ class AllowedClientsInterceptor(_UnaryWrapper):
         sans = [n.decode(errors="replace") for n in dns]
         if any(name.lower() in self._allowed for name in (*cns, *sans)):
             return None
+        cns, sans = [clip(n) for n in cns], [clip(n) for n in sans]
         if not cns and not sans:
             return "the client certificate names no CN or DNS SAN; tls.allowedClients needs one"
         who = cns[0] if cns else sans[0]

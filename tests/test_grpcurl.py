@@ -39,9 +39,11 @@ RPCS = {
 CLUSTER = "grpcurl"
 TOKEN = "grpcurl-test-token"
 WORKERS_RUNNING = 2
+GPU_FLAVOR = "gpu2-128-16-1-200"  # the emulator's, with one NVIDIA RTX PRO 6000
+GPU_TYPE = "nvidia-rtx-pro-6000-max-q"
 GROUPS = [
     {"name": "workers", "minSize": 1, "maxSize": 7, "flavor": "flex-4-2", "image": "debian-12"},
-    {"name": "gpu", "minSize": 0, "maxSize": 3, "flavor": "flex-8-4", "image": "debian-12"},
+    {"name": "gpu", "minSize": 0, "maxSize": 3, "flavor": GPU_FLAVOR, "image": "debian-12"},
 ]
 START_SECONDS = 30.0
 STOP_SECONDS = 15.0
@@ -243,6 +245,14 @@ def test_node_group_target_size_counts_the_groups_servers(
         run_grpcurl(grpcurl, deployment, f"{SERVICE}/NodeGroupTargetSize", flags=["-d", request])
     )
     assert json.loads(answer) == {"targetSize": WORKERS_RUNNING}
+
+
+def test_gpu_types_print_as_json_without_errors(grpcurl: str, deployment: Deployment) -> None:
+    done = run_grpcurl(grpcurl, deployment, f"{SERVICE}/GetAvailableGPUTypes")
+    answer = ok(done)
+    assert "@error" not in answer and done.stderr == ""
+    value = {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": GPU_TYPE}
+    assert json.loads(answer) == {"gpuTypes": {GPU_TYPE: value}}
 
 
 def test_unknown_group_is_not_found(grpcurl: str, deployment: Deployment) -> None:

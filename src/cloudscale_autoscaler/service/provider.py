@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 from typing import NoReturn, TypeVar
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, wrappers_pb2
 
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.engine.engine import API_UNREACHABLE, Engine
@@ -85,6 +85,14 @@ async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
         ) from None
 
 
+def _gpu_type_value(gpu_type: str) -> any_pb2.Any:
+    """CA reads only the map's keys. An empty Any has no type URL, which generic clients
+    cannot decode (grpcurl prints `"@error"`); a packed StringValue every client knows."""
+    value = any_pb2.Any()
+    value.Pack(wrappers_pb2.StringValue(value=gpu_type))
+    return value
+
+
 class CloudProviderService(pb_grpc.CloudProviderServicer):
     def __init__(self, config: Config, engine: Engine) -> None:
         # Public for the app's wiring (metrics, readiness).
@@ -133,7 +141,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self, request: pb.GetAvailableGPUTypesRequest, context: Context
     ) -> pb.GetAvailableGPUTypesResponse:
         types = await _run(context, self.engine.gpu_types())
-        return pb.GetAvailableGPUTypesResponse(gpuTypes={t: any_pb2.Any() for t in types})
+        return pb.GetAvailableGPUTypesResponse(gpuTypes={t: _gpu_type_value(t) for t in types})
 
     async def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
         # CA calls Cleanup when it shuts down; we hold no per-client resources.

@@ -24,7 +24,7 @@ def _restore_root_logger() -> Iterator[None]:
 
 def _emit(capsys: pytest.CaptureFixture[str], fmt: str, *args: object, **extra: object) -> str:
     logs.setup_logging(fmt, "debug")
-    logging.getLogger("test.logs").info(*args, extra=extra)
+    logging.getLogger("cloudscale_autoscaler.test_logs").info(*args, extra=extra)
     return capsys.readouterr().err.strip()
 
 
@@ -32,7 +32,7 @@ def test_json_line_has_fields_and_extras(capsys: pytest.CaptureFixture[str]) -> 
     line = _emit(capsys, "json", "scaled %s", "workers", group="workers", delta=2)
     record = json.loads(line)
     assert record["level"] == "info"
-    assert record["logger"] == "test.logs"
+    assert record["logger"] == "cloudscale_autoscaler.test_logs"
     assert record["message"] == "scaled workers"
     assert (record["group"], record["delta"]) == ("workers", 2)
     assert record["ts"].endswith("Z")
@@ -40,7 +40,7 @@ def test_json_line_has_fields_and_extras(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_plain_line(capsys: pytest.CaptureFixture[str]) -> None:
     line = _emit(capsys, "plain", "hello", group="gpu")
-    assert line.endswith("INFO test.logs: hello group=gpu")
+    assert line.endswith("INFO cloudscale_autoscaler.test_logs: hello group=gpu")
 
 
 def test_request_id_from_context(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,7 +58,7 @@ def test_registered_secret_is_masked_everywhere(
 ) -> None:
     logs.register_secret(SECRET)
     logs.setup_logging(fmt, "info")
-    log = logging.getLogger("test.logs")
+    log = logging.getLogger("cloudscale_autoscaler.test_logs")
     log.info("token is %s", SECRET, extra={"header": f"Bearer {SECRET}"})
     try:
         raise RuntimeError(f"failed with {SECRET}")
@@ -85,7 +85,21 @@ def test_bad_arguments_are_named(fmt: str, level: str, message: str) -> None:
 
 def test_level_filters_lower_levels(capsys: pytest.CaptureFixture[str]) -> None:
     logs.setup_logging("plain", "warning")
-    logging.getLogger("test.logs").info("hidden")
-    logging.getLogger("test.logs").warning("shown")
+    logging.getLogger("cloudscale_autoscaler.test_logs").info("hidden")
+    logging.getLogger("cloudscale_autoscaler.test_logs").warning("shown")
     err = capsys.readouterr().err
     assert "shown" in err and "hidden" not in err
+
+
+def test_debug_shows_our_lines_and_only_warnings_of_other_libraries(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs.setup_logging("plain", "debug")
+    logging.getLogger("cloudscale_autoscaler.engine").debug("ours")
+    logging.getLogger("grpc._cython.cygrpc").debug("[_cygrpc] Loaded running loop")
+    logging.getLogger("asyncio").info("library info")
+    logging.getLogger("grpc._cython.cygrpc").warning("library warning")
+    logging.getLogger("httpx").info("HTTP Request: GET /v1/servers")
+    err = capsys.readouterr().err
+    assert "ours" in err and "library warning" in err and "HTTP Request" in err
+    assert "Loaded running loop" not in err and "library info" not in err

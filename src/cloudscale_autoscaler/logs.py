@@ -6,6 +6,12 @@ interceptor through `request_id_var`) is added to every record logged while serv
 
 Secrets registered with `register_secret` (the cloudscale.ch API token) are masked in the final
 output line, whatever path they took into it: message, arguments, extras or a traceback.
+
+`--log-level` applies to our own loggers; other libraries' records reach the output only from
+WARNING up (at debug, grpc's "Loaded running loop" alone made three lines in four), except
+httpx's one line per API request while debugging. gRPC core (C) writes to stderr past Python
+logging ("Handshake failed", "add_port"); its lines cannot be routed into our format, so with
+JSON output they are switched off (GRPC_VERBOSITY=NONE unless set), leaving only JSON lines.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from contextvars import ContextVar
 from typing import Any
@@ -38,6 +45,9 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)
     "request_id",
 }
 _HANDLER_MARK = "_cloudscale_autoscaler_handler"
+# Loggers whose records below WARNING are shown (at the chosen level): ours, and httpx, whose
+# own level is set below.
+_VERBOSE_LOGGERS = ("cloudscale_autoscaler", "httpx")
 
 
 def register_secret(secret: str) -> None:
@@ -53,6 +63,16 @@ def redact(text: str) -> str:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+class _ThirdPartyFilter(logging.Filter):
+    """Lets other libraries' records through from WARNING up only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        name = record.name
+        return any(name == own or name.startswith(own + ".") for own in _VERBOSE_LOGGERS)
 
 
 class _RequestIdFilter(logging.Filter):
@@ -115,8 +135,12 @@ def setup_logging(fmt: str, level: str) -> None:
     numeric = LEVELS.get(level.lower())
     if numeric is None:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
+    if fmt == "json":
+        # Read by gRPC core when grpc is first imported: the CLI imports it only after this.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if fmt == "json" else PlainFormatter())
+    handler.addFilter(_ThirdPartyFilter())
     handler.addFilter(_RequestIdFilter())
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()

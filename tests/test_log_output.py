@@ -1,0 +1,139 @@
+"""What `serve --log-format json --log-level debug` writes to stderr, as a real process: only
+JSON lines (gRPC core's own lines included: a refused TLS handshake, a port already in use),
+our debug lines, and no third-party debug or info noise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fixtures.tls import PKI, grpc_channel
+from fixtures.tools import cli, free_port
+
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+
+START_SECONDS = 60.0
+
+
+def write_config(directory: Path, pki: PKI, port: int) -> Path:
+    token = directory / "token"
+    token.write_text("log-output-test-token-0123456789\n")
+    token.chmod(0o600)
+    config = directory / "config.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "cluster": "logs",
+                "listen": f"127.0.0.1:{port}",
+                "tls": {
+                    "cert": str(pki.server_cert),
+                    "key": str(pki.server_key),
+                    "clientCA": str(pki.ca_cert),
+                },
+                # Nothing listens there: serving starts anyway, with warnings.
+                "cloudscale": {"url": f"http://127.0.0.1:{free_port()}/v1", "tokenFile": "token"},
+                "nodeGroups": [
+                    {"name": "w", "minSize": 0, "maxSize": 2, "flavor": "flex-4-2", "image": "d"}
+                ],
+            }
+        )
+    )
+    return config
+
+
+def clean_env() -> dict[str, str]:
+    """The environment an operator's pod has: no gRPC logging settings of ours."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+
+
+@contextmanager
+def serving(config: Path, stderr: Path) -> Iterator[subprocess.Popen[bytes]]:
+    argv = cli("--log-format", "json", "--log-level", "debug", "serve", "--config", str(config))
+    with open(stderr, "wb") as sink:
+        process = subprocess.Popen(argv, stderr=sink, stdout=subprocess.DEVNULL, env=clean_env())
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while "gRPC server listening" not in stderr.read_text(errors="replace"):
+            assert process.poll() is None, stderr.read_text(errors="replace")
+            assert time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.05)
+        yield process
+    finally:
+        with suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        process.wait(30)
+
+
+def refused_handshakes(port: int, pki: PKI) -> None:
+    """A TLS client without a certificate and a plaintext HTTP/1 client."""
+    no_cert = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    no_cert.load_verify_locations(cafile=str(pki.ca_cert))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        suppress(ssl.SSLError, OSError),
+        no_cert.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(b"PRI * HTTP/2.0\r\n\r\n")
+        tls.recv(100)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        with suppress(OSError):
+            raw.recv(100)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pytest.fail(f"not a JSON line on stderr: {line!r}\n--- all of stderr:\n{text}")
+    return records
+
+
+async def test_json_logs_are_json_only_with_our_debug_lines(tmp_path: Path, pki: PKI) -> None:
+    port = free_port()
+    config = write_config(tmp_path, pki, port)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    with serving(config, first):
+        async with grpc_channel(pki, f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.CloudProviderStub(channel)
+            groups = await stub.NodeGroups(pb.NodeGroupsRequest())
+            assert [g.id for g in groups.nodeGroups] == ["w"]
+        async with grpc_channel(pki, f"127.0.0.1:{port}", with_client_cert=False) as channel:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest())
+        await asyncio.to_thread(refused_handshakes, port, pki)
+        # A second instance on the same port: gRPC core's add_port failure, then ours.
+        argv = ["--log-format", "json", "--log-level", "debug", "serve", "--config", str(config)]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            cli(*argv),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+            check=False,
+        )
+        second.write_text(done.stderr)
+        assert done.returncode == 1
+    records = json_lines(first.read_text()) + json_lines(second.read_text())
+    assert any(r["message"].startswith("cannot start: listen") for r in records)
+    # Our debug lines are there: one per RPC.
+    rpc_lines = [r for r in records if r.get("method", "").endswith("/NodeGroups")]
+    assert any(r["level"] == "debug" for r in rpc_lines)
+    noisy = [r for r in records if r["level"] in ("debug", "info")]
+    assert all(r["logger"].startswith("cloudscale_autoscaler") for r in noisy), noisy

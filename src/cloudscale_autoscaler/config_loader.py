@@ -32,6 +32,7 @@ from cloudscale_autoscaler.configfile.yamlfile import (
     FileProblem,
     YamlProblem,
     parse_yaml,
+    read_document,
     read_text,
 )
 from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
@@ -99,13 +100,11 @@ def check_config_command(path: Path, online: bool) -> int:
 
 def _read_document(path: Path) -> dict[Any, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = parse_yaml(read_document(path))
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"], str(path)) from None
     except UnicodeDecodeError:
         raise ConfigError([f"{path}: cannot read: not UTF-8 text"], str(path)) from None
-    try:
-        data = parse_yaml(text)
     except YamlProblem as problem:
         raise ConfigError([f"{path}: {problem}"], str(path)) from None
     if not isinstance(data, dict):

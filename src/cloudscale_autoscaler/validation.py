@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from urllib.parse import urlsplit
 
+from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.userdata import PLACEHOLDERS
 from cloudscale_autoscaler.template.quantity import parse_percent, parse_quantity
 
@@ -118,6 +119,9 @@ _DURATION_UNITS = {
     "m": Fraction(60),
     "h": Fraction(3600),
 }
+# Go's time.Duration is an int64 of nanoseconds: about ±292 years. CA parses our durations
+# into one (and the externalgrpc protos carry them as such).
+_GO_DURATION_MAX_NS = 2**63 - 1
 _DURATION_SEGMENT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
@@ -134,13 +138,26 @@ def parse_go_duration(value: str) -> float:
         match = _DURATION_SEGMENT.match(body, pos)
         if match is None:
             break
-        total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        try:
+            total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        except ValueError:  # more digits than Python converts: far beyond the range anyway
+            raise ValueError(_beyond_go_duration(value)) from None
         pos = match.end()
     if not body or pos != len(body):
         raise ValueError(
             f'invalid duration "{value}": expected a Go duration such as 90s, 10m or 1h30m'
         )
+    nanoseconds = sign * total * 10**9
+    if not -_GO_DURATION_MAX_NS - 1 <= nanoseconds <= _GO_DURATION_MAX_NS:
+        raise ValueError(_beyond_go_duration(value))
     return float(sign * total)
+
+
+def _beyond_go_duration(value: str) -> str:
+    return (
+        f'invalid duration "{clip(value)}": beyond the about 292 years (2^63-1 ns) a Go '
+        "duration can hold"
+    )
 
 
 def nonnegative_quantity_error(value: str) -> str | None:

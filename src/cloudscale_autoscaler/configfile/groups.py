@@ -63,6 +63,9 @@ OPTION_KEYS = (
 TAINT_KEYS = ("key", "value", "effect")
 RESERVED_TAGS = (TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, TAG_DELETION)
 MIN_VOLUME_GB = 10  # the cloudscale.ch API's minimum root volume
+# The API documents no maximum. The template's ephemeral-storage capacity is the volume in
+# bytes (GiB), and a Kubernetes quantity holds at most 2^63-1 of them.
+MAX_VOLUME_GB = (2**63 - 1) // 2**30
 INT32_MAX = 2**31 - 1  # sizes travel as int32 in the externalgrpc protocol
 
 T = TypeVar("T")
@@ -85,7 +88,8 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
         image=fields.string("image", required=True) or "",
         zone=fields.string("zone"),
         volume_size_gb=_or(
-            fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB), DEFAULTS.volume_size_gb
+            fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB, maximum=MAX_VOLUME_GB),
+            DEFAULTS.volume_size_gb,
         ),
         ssh_keys=fields.strings("sshKeys"),
         server_groups=_server_groups(fields),

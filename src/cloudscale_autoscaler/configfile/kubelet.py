@@ -36,6 +36,7 @@ EVICTION_SIGNALS = (
     "imagefs.inodesFree",
     "pid.available",
 )
+MAX_PODS_MAX = 2**31 - 1  # the kubelet's maxPods is an int32
 KUBELET_API_VERSION = "kubelet.config.k8s.io/v1beta1"
 KUBELET_KIND = "KubeletConfiguration"
 
@@ -82,7 +83,7 @@ def _quantity_map(
 
 def _read_values(fields: Fields) -> _Values:
     return _Values(
-        max_pods=fields.integer("maxPods", minimum=1),
+        max_pods=fields.integer("maxPods", minimum=1, maximum=MAX_PODS_MAX),
         system_reserved=_quantity_map(
             fields, "systemReserved", RESERVED_RESOURCES, nonnegative_quantity_error
         ),

@@ -133,7 +133,13 @@ class Fields:
             return None
         return value
 
-    def integer(self, key: str, required: bool = False, minimum: int | None = None) -> int | None:
+    def integer(
+        self,
+        key: str,
+        required: bool = False,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int | None:
         value = self._get(key, required)
         if value is None:
             return None
@@ -142,6 +148,9 @@ class Fields:
             return None
         if minimum is not None and value < minimum:
             self.issues.add(self.at(key), f"must be >= {minimum}, got {value}")
+            return None
+        if maximum is not None and value > maximum:
+            self.issues.add(self.at(key), f"must be at most {maximum}, got {value}")
             return None
         return value
 

@@ -1,4 +1,10 @@
-"""Strict YAML reading: safe types only, duplicate keys refused, errors with line numbers."""
+"""Strict YAML reading: safe types only, duplicate keys refused, errors with line numbers.
+
+Bounded, so no input can crash a command with a traceback: a document of at most
+MAX_DOCUMENT_BYTES, nested at most MAX_DEPTH levels (PyYAML composes and constructs
+recursively, and ~500 levels exhaust Python's stack). The merge key `<<` works as in YAML 1.1:
+the keys written next to it win over the merged ones, and are checked for duplicates.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+# A config file is a few KiB; its largest part, user data, is usually a file of its own.
+MAX_DOCUMENT_BYTES = 1024 * 1024
+# A config nests five levels (nodeGroups[0].kubelet.systemReserved.cpu); anchors add none.
+MAX_DEPTH = 32
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class YamlProblem(Exception):
@@ -20,9 +32,25 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys: PyYAML silently keeps the last one, which would
     let a second `maxSize:` quietly win over the first."""
 
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested deeper than {MAX_DEPTH} levels",
+                    problem_mark=self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue  # flattened by SafeConstructor below
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, str | int | float | bool) and key in seen:
@@ -37,6 +65,8 @@ class _StrictLoader(yaml.SafeLoader):
 
 def parse_yaml(text: str) -> Any:
     """One YAML document; raises YamlProblem("invalid YAML at line L, column C: ...")."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise YamlProblem(_too_large())
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
@@ -48,6 +78,23 @@ def parse_yaml(text: str) -> Any:
         raise YamlProblem(f"invalid YAML{where}: {detail}") from None
     except yaml.YAMLError as exc:
         raise YamlProblem(f"invalid YAML: {exc}") from None
+    except (ValueError, OverflowError) as exc:
+        # A scalar Python cannot hold: an integer of thousands of digits, a 31st of February.
+        raise YamlProblem(f"invalid YAML: a value cannot be read ({exc})") from None
+
+
+def _too_large() -> str:
+    return f"larger than {MAX_DOCUMENT_BYTES // 1024} KiB: too large for a config file"
+
+
+def read_document(path: Path) -> str:
+    """A YAML file's UTF-8 text, reading no more than the limit; raises OSError,
+    UnicodeDecodeError, or YamlProblem when the file is too large."""
+    with path.open("rb") as stream:
+        data = stream.read(MAX_DOCUMENT_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise YamlProblem(_too_large())
+    return data.decode("utf-8")
 
 
 def read_text(path: Path) -> str:

@@ -35,12 +35,30 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version")
 
-    emulator = sub.add_parser("emulator", help="run the built-in cloudscale.ch API emulator")
-    emulator.add_argument("--listen", default="127.0.0.1:8087", metavar="HOST:PORT")
-    emulator.add_argument("--token", default=None, help="required Bearer token (default: any)")
-    emulator.add_argument("--seed", type=int, default=0, help="seed for fault injection")
+    emulator = sub.add_parser(
+        "emulator",
+        help="run the built-in cloudscale.ch API emulator",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     emulator.add_argument(
-        "--boot-seconds", type=float, default=5.0, help="time from 'changing' to 'running'"
+        "--listen", default="127.0.0.1:8087", metavar="HOST:PORT", help="address to serve on"
+    )
+    emulator.add_argument(
+        "--token", default=None, help="the Bearer token requests must carry; None accepts any token"
+    )
+    emulator.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds every random decision: the UUIDs of created servers, and which requests "
+        "an injected fault (set through the admin API) hits; the same seed and requests give "
+        "the same results",
+    )
+    emulator.add_argument(
+        "--boot-seconds",
+        type=float,
+        default=5.0,
+        help="how long a new server stays 'changing' before it is 'running'",
     )
 
     certs = sub.add_parser("certs", help="write development mTLS certificates")

@@ -178,6 +178,22 @@ _DOCS = st.recursive(
 )
 
 
+# Pieces of YAML syntax, deep openings and long numbers, joined at random: deep nesting and
+# unreadable scalars are what broke the loader before.
+_SYNTAX = st.lists(
+    st.one_of(
+        st.sampled_from(["[", "]", "{", "}", ": ", ", ", "- ", "\n", "  ", "a", "<<: ", "*a",
+                         "&a ", "!!set ", "!!binary ", "? ", "'", '"', "#", "2001-02-30",
+                         "cluster"]),
+        st.integers(1, 1500).map(lambda n: "[" * n),
+        st.integers(1, 600).map(lambda n: "{a: " * n),
+        st.integers(1, 6000).map(lambda n: "9" * n),
+        st.text(max_size=10),
+    ),
+    max_size=12,
+).map("".join)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def scratch() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as directory:
@@ -199,6 +215,12 @@ _PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[Hea
 @_PROPERTY
 @given(text=st.text(max_size=300))
 def test_any_text_gives_a_config_or_a_config_error(scratch: Path, text: str) -> None:
+    outcome(scratch, text)
+
+
+@_PROPERTY
+@given(text=_SYNTAX)
+def test_any_yaml_syntax_gives_a_config_or_a_config_error(scratch: Path, text: str) -> None:
     outcome(scratch, text)
 
 

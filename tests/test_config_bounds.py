@@ -212,22 +212,20 @@ def outcome(directory: Path, text: str | bytes) -> None:
 _PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@_PROPERTY
-@given(text=st.text(max_size=300))
-def test_any_text_gives_a_config_or_a_config_error(scratch: Path, text: str) -> None:
-    outcome(scratch, text)
+@pytest.mark.parametrize(
+    "inputs",
+    [st.text(max_size=300), _SYNTAX, st.binary(max_size=300)],
+    ids=["text", "yaml-syntax", "bytes"],
+)
+def test_any_file_gives_a_config_or_a_config_error(
+    scratch: Path, inputs: st.SearchStrategy[str | bytes]
+) -> None:
+    @_PROPERTY
+    @given(raw=inputs)
+    def check(raw: str | bytes) -> None:
+        outcome(scratch, raw)
 
-
-@_PROPERTY
-@given(text=_SYNTAX)
-def test_any_yaml_syntax_gives_a_config_or_a_config_error(scratch: Path, text: str) -> None:
-    outcome(scratch, text)
-
-
-@_PROPERTY
-@given(data=st.binary(max_size=300))
-def test_any_bytes_give_a_config_or_a_config_error(scratch: Path, data: bytes) -> None:
-    outcome(scratch, data)
+    check()
 
 
 @_PROPERTY

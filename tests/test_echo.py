@@ -5,14 +5,17 @@ gRPC, and the log stays short too."""
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 import grpc
 import pytest
 from fixtures.stack import StackFactory, group
 
+from cloudscale_autoscaler.config import PricingConfig
 from cloudscale_autoscaler.echo import ECHO_LIMIT, clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 
 HUGE = 3 * 1024 * 1024  # 3145728 characters: far past gRPC's status and metadata limits
 SHORT = 1000  # any bounded message is well below this
@@ -98,3 +101,32 @@ async def test_a_huge_node_name_and_provider_id_are_echoed_short(
         assert len(message) < 2 * SHORT, case
         assert f"… ({HUGE} characters)" in message, case
     assert max(len(r.getMessage()) for r in caplog.records) < 2 * SHORT
+
+
+PRICING = PricingConfig(currency="CHF", flavors=(("flex-4-2", Decimal("0.05")),))
+
+
+async def test_pricing_echoes_a_huge_node_and_pod_short(stack: StackFactory) -> None:
+    s = await stack([group("workers", 0, 3)], pricing=PRICING)
+    node = pb.ExternalGrpcNode(
+        name="n" * HUGE,
+        providerID="aws://" + "p" * HUGE,
+        labels={"node.kubernetes.io/instance-type": "f" * HUGE},
+    )
+    request = pb.PricingNodePriceRequest(node=node)
+    request.startTime.seconds, request.endTime.seconds = 0, 3600
+    error = await rpc_error(s.stub.PricingNodePrice(request))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    message = error.details() or ""
+    assert len(message) < 2 * SHORT and message.count(f"({HUGE + 6} characters)") == 1
+
+    pod = core_v1_pb2.Pod()
+    pod.metadata.name = "q" * HUGE
+    container = pod.spec.containers.add()
+    container.resources.requests["cpu"].string = "x" * HUGE
+    pod_request = pb.PricingPodPriceRequest(pod=pod)
+    pod_request.startTime.seconds, pod_request.endTime.seconds = 0, 3600
+    error = await rpc_error(s.stub.PricingPodPrice(pod_request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    message = error.details() or ""
+    assert len(message) < 2 * SHORT and f"… ({HUGE} characters)" in message

@@ -32,6 +32,7 @@ from fractions import Fraction
 
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import Config, NodeGroupConfig, PricingConfig
+from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
@@ -201,7 +202,7 @@ class Pricer:
             return annotated
         flavor = _first(labels, INSTANCE_TYPE_LABELS)
         zone = _first(labels, ZONE_LABELS)
-        shown = f"node {name or '(no name)'} (providerID {provider_id or 'empty'})"
+        shown = f"node {clip(name) or '(no name)'} (providerID {clip(provider_id) or 'empty'})"
         if flavor is None:
             raise GroupNotFound(
                 f"{shown} is not a server of any node group and carries no "
@@ -215,11 +216,11 @@ class Pricer:
         prices = {self._hourly[g.name] for g in candidates}
         if len(prices) == 1:
             return candidates[0].name
-        where = f" in zone {zone}" if zone else ""
+        where = f" in zone {clip(zone)}" if zone else ""
         if not candidates:
             raise GroupNotFound(
                 f"{shown} is not a server of any node group, and no node group has flavor "
-                f"{flavor}{where}"
+                f"{clip(flavor)}{where}"
             )
         names = ", ".join(g.name for g in candidates)
         raise GroupNotFound(
@@ -231,7 +232,7 @@ class Pricer:
         try:
             requests = pod_requests(pod)
         except ValueError as error:
-            raise InvalidArgument(f"pod {_pod_name(pod)}: {error}") from error
+            raise InvalidArgument(f"pod {_pod_name(pod)}: {clip(str(error))}") from error
         price = cheapest_pod_price(requests, await self._current_offers(), seconds)
         if price is None:
             wanted = ", ".join(f"{k}={float(v):g}" for k, v in sorted(requests.items()))
@@ -261,4 +262,5 @@ class Pricer:
 
 def _pod_name(pod: core_v1_pb2.Pod) -> str:
     meta = pod.metadata
-    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name or "(no name)"
+    name = f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+    return clip(name) or "(no name)"

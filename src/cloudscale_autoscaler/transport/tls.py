@@ -89,6 +89,15 @@ def _public_key_der(key: object) -> bytes:
     return der
 
 
+_USAGE_NAMES = {
+    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
+    ExtendedKeyUsageOID.CODE_SIGNING: "codeSigning",
+    ExtendedKeyUsageOID.EMAIL_PROTECTION: "emailProtection",
+    ExtendedKeyUsageOID.TIME_STAMPING: "timeStamping",
+    ExtendedKeyUsageOID.OCSP_SIGNING: "OCSPSigning",
+}
+
+
 def _leaf_problem(leaf: x509.Certificate, now: dt.datetime) -> str | None:
     """Why clients would refuse this server certificate, if they would."""
     if now < leaf.not_valid_before_utc:
@@ -101,15 +110,13 @@ def _leaf_problem(leaf: x509.Certificate, now: dt.datetime) -> str | None:
         return None  # no restriction: any usage
     if {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE} & set(usages):
         return None
-    names = ", ".join(getattr(oid, "_name", oid.dotted_string) for oid in usages) or "none"
+    names = ", ".join(_USAGE_NAMES.get(oid, oid.dotted_string) for oid in usages) or "none"
     return f"extended key usage ({names}) lacks serverAuth: not a server certificate"
 
 
-def load_material(
-    cert: Path, key: Path, client_ca: Path, *, now: dt.datetime | None = None
-) -> TLSMaterial:
+def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
     """Read and check the files as clients will (PEM, key pair, CA bundle, the certificate's
-    validity window at `now` and its usage); raises TLSFileError naming the file at fault."""
+    validity window now and its usage); raises TLSFileError naming the file at fault."""
     chain = _read(cert, "tls.cert")
     key_pem = _read(key, "tls.key")
     ca_pem = _read(client_ca, "tls.clientCA")
@@ -126,7 +133,7 @@ def load_material(
             f"tls.key {key}: does not match the certificate in tls.cert {cert} "
             "(a key and certificate from different pairs)"
         )
-    problem = _leaf_problem(leaf, now or dt.datetime.now(dt.UTC))
+    problem = _leaf_problem(leaf, dt.datetime.now(dt.UTC))
     if problem is not None:
         raise TLSFileError(f"tls.cert {cert}: {problem}; clients refuse it")
     return TLSMaterial(chain, key_pem, ca_pem, leaf)

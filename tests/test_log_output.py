@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -60,8 +61,10 @@ def clean_env() -> dict[str, str]:
 
 
 @contextmanager
-def serving(config: Path, stderr: Path) -> Iterator[subprocess.Popen[bytes]]:
-    argv = cli("--log-format", "json", "--log-level", "debug", "serve", "--config", str(config))
+def serving(
+    config: Path, stderr: Path, log_format: str = "json"
+) -> Iterator[subprocess.Popen[bytes]]:
+    argv = cli("--log-format", log_format, "--log-level", "debug", "serve", "--config", str(config))
     with open(stderr, "wb") as sink:
         process = subprocess.Popen(argv, stderr=sink, stdout=subprocess.DEVNULL, env=clean_env())
     try:
@@ -137,3 +140,21 @@ async def test_json_logs_are_json_only_with_our_debug_lines(tmp_path: Path, pki:
     assert any(r["level"] == "debug" for r in rpc_lines)
     noisy = [r for r in records if r["level"] in ("debug", "info")]
     assert all(r["logger"].startswith("cloudscale_autoscaler") for r in noisy), noisy
+
+
+# gRPC core's own line format: severity letter, MMDD, time, thread, file:line.
+_CORE_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
+
+
+async def test_plain_logs_carry_no_grpc_core_info_lines(tmp_path: Path, pki: PKI) -> None:
+    port = free_port()
+    config = write_config(tmp_path, pki, port)
+    output = tmp_path / "plain.log"
+    with serving(config, output, log_format="plain"):
+        async with grpc_channel(pki, f"127.0.0.1:{port}", with_client_cert=False) as channel:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest())
+        await asyncio.to_thread(refused_handshakes, port, pki)
+    lines = output.read_text().splitlines()
+    assert any("gRPC server listening" in line for line in lines)
+    assert [line for line in lines if _CORE_LINE.match(line)] == []

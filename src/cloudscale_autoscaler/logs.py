@@ -11,7 +11,8 @@ output line, whatever path they took into it: message, arguments, extras or a tr
 WARNING up (at debug, grpc's "Loaded running loop" alone made three lines in four), except
 httpx's one line per API request while debugging. gRPC core (C) writes to stderr past Python
 logging ("Handshake failed", "add_port"); its lines cannot be routed into our format, so with
-JSON output they are switched off (GRPC_VERBOSITY=NONE unless set), leaving only JSON lines.
+JSON output they are switched off (GRPC_VERBOSITY=NONE unless set), leaving only JSON lines,
+and plain output keeps its errors only (GRPC_VERBOSITY=ERROR unless set).
 """
 
 from __future__ import annotations
@@ -135,9 +136,8 @@ def setup_logging(fmt: str, level: str) -> None:
     numeric = LEVELS.get(level.lower())
     if numeric is None:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
-    if fmt == "json":
-        # Read by gRPC core when grpc is first imported: the CLI imports it only after this.
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    # Read by gRPC core when grpc is first imported: the CLI imports it only after this.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE" if fmt == "json" else "ERROR")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if fmt == "json" else PlainFormatter())
     handler.addFilter(_ThirdPartyFilter())

@@ -59,14 +59,16 @@ BREAKS: dict[str, tuple[Break, str]] = {
 }
 
 
-def write_config(directory: Path, pki: certs.DevPKI) -> Path:
+def write_config(
+    directory: Path, pki: certs.DevPKI, kubernetes: dict[str, object] | None = None
+) -> Path:
     tls = directory / "tls"
     pki.server.write(tls / "tls.crt", tls / "tls.key")
     pki.ca.write(tls / "ca.crt")
     token = directory / "token"
     token.write_text(TOKEN)
     os.chmod(token, 0o600)
-    doc = {
+    doc: dict[str, object] = {
         "cluster": "preflight",
         "listen": f"127.0.0.1:{free_port()}",
         "tls": {"cert": "tls/tls.crt", "key": "tls/tls.key", "clientCA": "tls/ca.crt"},
@@ -76,6 +78,8 @@ def write_config(directory: Path, pki: certs.DevPKI) -> Path:
             {"name": "workers", "minSize": 0, "maxSize": 3, "flavor": "flex-4-2", "image": "d"}
         ],
     }
+    if kubernetes is not None:
+        doc["kubernetes"] = kubernetes
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -99,7 +103,42 @@ def test_check_config_refuses_what_serve_refuses(
     config = write_config(tmp_path, pki)
     spoil, expected = BREAKS[case]
     spoil(tmp_path / "tls", pki)
+    assert_same_refusal(config, expected)
 
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: not-a-real-token}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+KUBERNETES: dict[str, tuple[str, dict[str, object], str]] = {
+    "garbage-kubeconfig": (
+        "kind: [unclosed\n",
+        {"kubeconfig": "kubeconfig", "leaderElection": {"enabled": False}},
+        "cannot use kubeconfig",
+    ),
+    "no-lease-namespace": (
+        KUBECONFIG,
+        {"kubeconfig": "kubeconfig", "leaderElection": {"enabled": True}},
+        "kubernetes.leaderElection.namespace: not set",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", KUBERNETES)
+def test_check_config_refuses_the_kubernetes_settings_serve_refuses(
+    case: str, tmp_path: Path, pki: certs.DevPKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    kubeconfig, section, expected = KUBERNETES[case]
+    (tmp_path / "kubeconfig").write_text(kubeconfig)
+    assert_same_refusal(write_config(tmp_path, pki, kubernetes=section), expected)
+
+
+def assert_same_refusal(config: Path, expected: str) -> None:
     served = run_cli("serve", "--config", str(config))
     assert served.returncode == 1, served.stderr
     (line,) = [line for line in served.stderr.splitlines() if "cannot start: " in line]

@@ -41,9 +41,9 @@ def run_check(path: Path, online: bool) -> int:
     except ConfigError as exc:
         _print_errors(f"{path}: invalid config", exc.errors)
         return EXIT_INVALID
-    tls_error = _tls_error(config)
-    if tls_error is not None:
-        _print_errors(f"{path}: invalid config", [tls_error])
+    start_errors = _start_errors(config)
+    if start_errors:
+        _print_errors(f"{path}: invalid config", start_errors)
         return EXIT_INVALID
     print(f"{path}: config OK")
     print(summary(config))
@@ -54,18 +54,28 @@ def run_check(path: Path, online: bool) -> int:
     return _online(config)
 
 
-def _tls_error(config: Config) -> str | None:
-    """What `serve` would refuse to start with: the same load and checks, the same message."""
+def _start_errors(config: Config) -> list[str]:
+    """What `serve` would refuse to start with: the same loads and checks, the same messages
+    (the TLS files; the Kubernetes credentials and Lease namespace)."""
     from cloudscale_autoscaler.transport.tls import TLSFileError, load_material
 
+    errors: list[str] = []
     tls = config.tls
-    if tls.insecure or tls.cert is None or tls.key is None or tls.client_ca is None:
-        return None
-    try:
-        load_material(tls.cert, tls.key, tls.client_ca)
-    except TLSFileError as exc:
-        return str(exc)
-    return None
+    if not tls.insecure and tls.cert and tls.key and tls.client_ca:
+        try:
+            load_material(tls.cert, tls.key, tls.client_ca)
+        except TLSFileError as exc:
+            errors.append(str(exc))
+    if config.kubernetes is not None:
+        # Imported only here: without the section nothing loads the kubernetes package.
+        from cloudscale_autoscaler.kube.api import KubeConfigError
+        from cloudscale_autoscaler.kube.link import preflight
+
+        try:
+            preflight(config.kubernetes)
+        except KubeConfigError as exc:
+            errors.append(str(exc))
+    return errors
 
 
 def _print_errors(headline: str, errors: Sequence[str]) -> None:

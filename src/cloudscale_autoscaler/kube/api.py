@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
@@ -53,12 +54,13 @@ def load_client(kubeconfig: Path | None, *, default_kubeconfig: bool = False) ->
                 config_file=None if kubeconfig is None else str(kubeconfig),
                 client_configuration=configuration,
             )
-    except (ConfigException, OSError, ValueError) as exc:
+    except (ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
         if in_cluster:
             where = "the in-cluster service account"
         else:
             where = f"kubeconfig {kubeconfig or os.environ.get('KUBECONFIG', '~/.kube/config')}"
-        raise KubeConfigError(f"cannot use {where}: {exc}") from None
+        reason = " ".join(str(exc).split())  # YAML errors span lines; a log line does not
+        raise KubeConfigError(f"cannot use {where}: {reason}") from None
     return k8s.ApiClient(configuration)
 
 

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 
-from cloudscale_autoscaler.config import Config
+from kubernetes import client as k8s
+
+from cloudscale_autoscaler.config import Config, KubernetesConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
@@ -23,6 +25,23 @@ from cloudscale_autoscaler.serving import Serving
 log = logging.getLogger(__name__)
 
 
+def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
+    """What serving needs from Kubernetes, checked before it listens (check-config runs it
+    too): an API client, and with leader election the Lease's namespace (None without).
+    Raises KubeConfigError."""
+    client = load_client(settings.kubeconfig)
+    election = settings.leader_election
+    if not election.enabled:
+        return client, None
+    namespace = election.namespace or own_namespace()
+    if namespace is None:
+        raise KubeConfigError(
+            "kubernetes.leaderElection.namespace: not set, and not running in a pod "
+            "(no POD_NAMESPACE, no service account namespace file): set it"
+        )
+    return client, namespace
+
+
 class ClusterLink:
     def __init__(self, config: Config, engine: Engine, metrics: Metrics) -> None:
         settings = config.kubernetes
@@ -30,7 +49,8 @@ class ClusterLink:
             raise ValueError("ClusterLink needs the kubernetes section")
         self._settings = settings
         self._engine = engine
-        self._api = KubeApi(load_client(settings.kubeconfig))
+        client, namespace = preflight(settings)
+        self._api = KubeApi(client)
         self.watch = DriftWatch(config, engine, self._api, settings.drift_tolerance)
         metrics.registry.register(self.watch)
         self._drift_task: asyncio.Task[None] | None = None
@@ -38,13 +58,7 @@ class ClusterLink:
         self._elector_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
-        if election.enabled:
-            namespace = election.namespace or own_namespace()
-            if namespace is None:
-                raise KubeConfigError(
-                    "kubernetes.leaderElection.namespace: not set, and not running in a pod "
-                    "(no POD_NAMESPACE, no service account namespace file): set it"
-                )
+        if namespace is not None:
             self.serving = Serving(f"{namespace}/{election.lease_name}")
             self._elector = Elector(
                 self._api,

@@ -187,14 +187,14 @@ async def test_debug_log_line_per_rpc_with_request_id(
 ) -> None:
     config = make_config(pki)
     servicer = _SeesRequestIds(config)
-    caplog.set_level(logging.DEBUG, logger="cloudscale_autoscaler.transport.interceptors")
+    caplog.set_level(logging.DEBUG, logger="cloudscale_autoscaler.transport.calls")
     async with serving(config, servicer) as running, grpc_channel(pki, address(running)) as ch:
         stub = pb_grpc.CloudProviderStub(ch)
         for _ in range(2):
             await stub.NodeGroups(pb.NodeGroupsRequest(), timeout=TIMEOUT)
         with pytest.raises(grpc.aio.AioRpcError):
             await stub.Refresh(pb.RefreshRequest(), timeout=TIMEOUT)
-    lines = [r for r in caplog.records if r.name.endswith("interceptors")]
+    lines = [r for r in caplog.records if r.name.endswith("transport.calls")]
     assert [(r.method, r.code) for r in lines] == [  # type: ignore[attr-defined]
         (f"/{SERVICE}/NodeGroups", "OK"),
         (f"/{SERVICE}/NodeGroups", "OK"),

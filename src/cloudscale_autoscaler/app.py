@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpc_health.v1 import health_pb2
-
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
@@ -28,9 +26,9 @@ from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.gate import gated
+from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
 from cloudscale_autoscaler.serving import Serving
-from cloudscale_autoscaler.transport.interceptors import MetricsInterceptor
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
     ListenError,
@@ -129,33 +127,19 @@ def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
     return gated(provider.service, provider.serving) if _elects(provider) else provider.service
 
 
-# With leader election, client connections are closed (GOAWAY) after this age, so CA,
-# which otherwise keeps one connection for its lifetime, reconnects through the Service to
-# whichever replica is ready: a leader that lost the Lease but lives on is left within it.
+# With leader election, client connections are closed (GOAWAY, in-flight calls finish) after
+# this age, so CA, which otherwise keeps one connection for its lifetime, reconnects through
+# the Service to whichever replica is ready: a leader that lost the Lease but lives on is
+# left within it.
 MAX_CONNECTION_AGE_SECONDS = 30.0
-MAX_CONNECTION_AGE_GRACE_SECONDS = 30.0
-
-
-def _connection_options(provider: Provider) -> list[tuple[str, int]]:
-    if not _elects(provider):
-        return []
-    return [
-        ("grpc.max_connection_age_ms", int(MAX_CONNECTION_AGE_SECONDS * 1000)),
-        ("grpc.max_connection_age_grace_ms", int(MAX_CONNECTION_AGE_GRACE_SECONDS * 1000)),
-    ]
 
 
 def _follow_serving(serving: Serving, server: RunningServer) -> None:
     """The CloudProvider entry of gRPC health follows the gate ("" stays SERVING: a standby
     is healthy)."""
-    tasks: set[asyncio.Task[None]] = set()
 
     def update(active: bool) -> None:
-        answer = health_pb2.HealthCheckResponse
-        status = answer.SERVING if active else answer.NOT_SERVING
-        task = asyncio.ensure_future(server.health.set(SERVICE_NAME, status))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        server.set_health(SERVICE_NAME, active)
 
     serving.subscribe(update)
     update(serving.active)
@@ -199,12 +183,19 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
             config,
             servicer_of(provider),
             listen=listen,
-            interceptors=[MetricsInterceptor(provider.metrics.observe_rpc)],
-            extra_options=_connection_options(provider),
+            max_connection_age=MAX_CONNECTION_AGE_SECONDS if _elects(provider) else None,
         )
     except BaseException:
         await provider.aclose()
         raise
+    provider.metrics.track_rpcs(server.rpc_readings)
+    if not _elects(provider):
+        # With leader election every call goes through the serving gate in Python (the
+        # Lease renewals that keep it open move no event a snapshot could follow).
+        hot = HotAnswers(provider.service, server)
+        hot.publish()
+        server.set_after_call(hot.publish)
+        provider.service.engine.on_change = hot.publish
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     if _elects(provider):
         _follow_serving(provider.serving, server)

@@ -1,8 +1,8 @@
 """Prometheus metrics and the /metrics, /healthz, /readyz HTTP endpoint.
 
-Hot-path cost is kept to one counter increment and one histogram observation per RPC; the
-per-group gauges are not updated on every change but read from the engine at scrape time by a
-custom collector, so scaling work never pays for metrics.
+Nothing is updated on the hot path: the per-RPC counters and latency histograms are atomics in
+the compiled transport, and the per-group gauges are the engine's state; custom collectors read
+both at scrape time, so neither serving nor scaling work pays for metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -63,6 +68,46 @@ class _GroupCollector(Collector):
         yield from families.values()
 
 
+@dataclass(frozen=True)
+class RpcReading:
+    """One RPC's figures as the transport counted them, read at scrape time."""
+
+    method: str
+    codes: dict[str, int]  # status code name -> calls answered with it
+    buckets: list[int]  # observations per RPC_BUCKETS bucket (not cumulative), then +Inf
+    seconds: float  # sum of the durations
+
+
+class _RpcCollector(Collector):
+    def __init__(self, source: Callable[[], Iterable[RpcReading]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            f"{NAMESPACE}_grpc_requests",
+            "gRPC requests handled, by method and status code.",
+            labels=["method", "code"],
+        )
+        duration = HistogramMetricFamily(
+            f"{NAMESPACE}_grpc_request_duration_seconds",
+            "gRPC request handling time.",
+            labels=["method"],
+        )
+        bounds = [str(b) for b in RPC_BUCKETS] + ["+Inf"]  # as prometheus_client spells them
+        for reading in self._source():
+            for code, count in reading.codes.items():
+                requests.add_metric([reading.method, code], count)
+            if not reading.codes:
+                continue  # like a labelled Histogram: no series before the first call
+            cumulative, total = [], 0
+            for bound, count in zip(bounds, reading.buckets, strict=True):
+                total += count
+                cumulative.append((bound, float(total)))
+            duration.add_metric([reading.method], cumulative, reading.seconds)
+        yield requests
+        yield duration
+
+
 class Metrics:
     """All metrics of one provider process, in a registry of their own (tests run several)."""
 
@@ -70,19 +115,6 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         Info(f"{NAMESPACE}_build", "Build information.", registry=r).info({"version": __version__})
-        self.rpc_requests = Counter(
-            f"{NAMESPACE}_grpc_requests",
-            "gRPC requests handled, by method and status code.",
-            ["method", "code"],
-            registry=r,
-        )
-        self.rpc_duration = Histogram(
-            f"{NAMESPACE}_grpc_request_duration_seconds",
-            "gRPC request handling time.",
-            ["method"],
-            buckets=RPC_BUCKETS,
-            registry=r,
-        )
         self.cloud_requests = Counter(
             f"{NAMESPACE}_cloud_api_requests",
             "cloudscale.ch API HTTP requests, by operation and HTTP status ('error' if none).",
@@ -107,16 +139,15 @@ class Metrics:
             registry=r,
         )
 
-    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_requests.labels(method, code).inc()
-        self.rpc_duration.labels(method).observe(seconds)
-
     def observe_cloud_request(self, operation: str, status: str, seconds: float) -> None:
         self.cloud_requests.labels(operation, status).inc()
         self.cloud_duration.labels(operation).observe(seconds)
 
     def track_groups(self, source: Callable[[], Iterable[GroupStats]]) -> None:
         self.registry.register(_GroupCollector(source))
+
+    def track_rpcs(self, source: Callable[[], Iterable[RpcReading]]) -> None:
+        self.registry.register(_RpcCollector(source))
 
 
 class HealthServer:

@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from cloudscale_autoscaler.cloud.errors import (
@@ -119,6 +119,9 @@ class Engine:
         self._api_down: str | None = None
         # Unix time of the last successful Refresh, for the metrics endpoint; 0 = never.
         self.last_refresh_unix = 0.0
+        # Called when a background task (a creation, a deletion) finished and may have changed
+        # the state; changes made inside an RPC are published by the transport after the call.
+        self.on_change: Callable[[], None] = lambda: None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -270,6 +273,16 @@ class Engine:
 
     def _group_name_of(self, provider_id: str) -> str:
         return str(self.node_group_for_node(provider_id).nodeGroup.id)
+
+    def provider_index(self) -> Mapping[str, pb.NodeGroupForNodeResponse]:
+        """NodeGroupForNode's exact-spelling index. A rebuild replaces the mapping; between
+        rebuilds entries are only added (acknowledged creations, placeholders)."""
+        return self._by_provider_id
+
+    def settled_targets(self) -> dict[str, int]:
+        """Target sizes that only a change of state can move: groups without placeholders
+        (their expiry changes the target with time alone)."""
+        return {name: g.target() for name, g in self._groups.items() if not g.placeholders}
 
     def group_stats(self) -> list[GroupStats]:
         """Per-group numbers for the metrics collector (read at scrape time)."""
@@ -506,6 +519,7 @@ class Engine:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self.on_change())
         return task
 
     # --- decrease -------------------------------------------------------------------------

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf import any_pb2, wrappers_pb2
+from google.protobuf.message import Message
 
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.engine.engine import API_UNREACHABLE, Engine
@@ -32,7 +33,15 @@ from cloudscale_autoscaler.service import pricing
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 
-Context = grpc.aio.ServicerContext[object, object]
+
+class Context(Protocol):
+    """What the transport gives each call besides the request."""
+
+    def time_remaining(self) -> float | None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
+
+
 T = TypeVar("T")
 # How long before the caller's deadline cloud work is abandoned, leaving time to answer
 # (at most a tenth of the time the caller gave).
@@ -104,6 +113,10 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
             ]
         )
         self._gpu_label = pb.GPULabelResponse(label=config.gpu_label)
+
+    def constant_answers(self) -> dict[str, Message]:
+        """The answers that never change while serving, by RPC (served by the transport)."""
+        return {"NodeGroups": self._node_groups, "GPULabel": self._gpu_label}
 
     async def NodeGroups(
         self, request: pb.NodeGroupsRequest, context: Context

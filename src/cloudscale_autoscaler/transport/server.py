@@ -1,107 +1,183 @@
-"""The grpc.aio server: CloudProvider, health, reflection, mTLS, interceptors, graceful stop.
+"""The gRPC server: the compiled transport (`cloudscale_autoscaler._transport`, rust/) wired to
+the servicer, the TLS files, allowedClients, logging and metrics.
+
+The transport owns the port: CloudProvider, grpc health and reflection, mutual TLS (rustls).
+It answers NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions and GPULabel
+from answers Python publishes (`RunningServer.publish_*`, see service/hot.py) and forwards
+every other call, and every call it has no answer for, to `calls.Calls` on the event loop.
+
+TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
+transport checks the files through `ReloadingCredentials` before each new handshake (at most
+once per `reload_interval`) and swaps in new material for the connections accepted from then
+on. rustls refuses TLS below 1.2 and client certificates without the clientAuth usage.
 
 Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA's
 NodeGroupDeleteNodes carries whole node objects (labels, annotations) and can list thousands
 of them in one call; anything larger is refused with RESOURCE_EXHAUSTED.
 
 Shutdown: `RunningServer.stop(grace)` marks every health entry NOT_SERVING, stops accepting
-new RPCs and gives in-flight ones `grace` seconds (default 25 s, inside Kubernetes' default
-30 s termination grace period) before cancelling them.
+connections and gives in-flight RPCs `grace` seconds (default 25 s, inside Kubernetes' default
+30 s termination grace period) before cutting them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import types
-from collections.abc import Sequence
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import FileDescriptor
+from grpc_health.v1 import health_pb2
 
+from cloudscale_autoscaler import _transport
 from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.metrics import RPC_BUCKETS, RpcReading
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
-from cloudscale_autoscaler.service.provider import SERVICE_NAME
-from cloudscale_autoscaler.transport.interceptors import (
-    AllowedClientsInterceptor,
-    Context,
-    MalformedRequestInterceptor,
-    RequestLogInterceptor,
+from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
+from cloudscale_autoscaler.transport.clients import AllowedClients
+from cloudscale_autoscaler.transport.tls import (
+    DEFAULT_MIN_INTERVAL,
+    ReloadingCredentials,
+    TLSMaterial,
 )
-from cloudscale_autoscaler.transport.tls import DEFAULT_MIN_INTERVAL, ReloadingCredentials
 
 log = logging.getLogger(__name__)
 
-MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+MAX_RECEIVE_BYTES: int = _transport.MAX_RECEIVE_BYTES
 DEFAULT_GRACE_SECONDS = 25.0
-HEALTH_SERVICE_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-RPC_NAMES: tuple[str, ...] = tuple(
-    m.name for m in pb.DESCRIPTOR.services_by_name["CloudProvider"].methods
-)
-SERVER_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    # gRPC sets SO_REUSEPORT by default: a second instance on the same port would silently
-    # share it instead of failing to start.
-    ("grpc.so_reuseport", 0),
-]
 
 
 class ListenError(Exception):
     """The configured listen address cannot be bound."""
 
 
+def descriptor_set() -> bytes:
+    """The FileDescriptorSet reflection serves: our protos and health, dependencies first."""
+    out = descriptor_pb2.FileDescriptorSet()
+    seen: set[str] = set()
+
+    def add(file: FileDescriptor) -> None:
+        if file.name in seen:
+            return
+        seen.add(file.name)
+        for dependency in file.dependencies:
+            add(dependency)
+        file.CopyToProto(out.file.add())
+
+    add(pb.DESCRIPTOR)
+    add(health_pb2.DESCRIPTOR)
+    return out.SerializeToString()
+
+
+def _pems(material: TLSMaterial) -> tuple[bytes, bytes, bytes]:
+    return material.cert_chain, material.key, material.client_ca
+
+
 @dataclass
+class _Hooks:
+    """What the transport calls back (attribute names are the transport's contract)."""
+
+    event_loop: asyncio.AbstractEventLoop
+    dispatch: Any
+    log_rpc: Any
+    admit: Any
+    tls_check: Any
+
+
 class RunningServer:
-    server: grpc.aio.Server
-    port: int
-    health: HealthServicer
-    # None when serving plaintext (tls.insecure).
-    credentials: ReloadingCredentials | None
+    def __init__(
+        self, config: Config, calls: Calls, address: str, credentials: ReloadingCredentials | None
+    ) -> None:
+        self._calls = calls
+        self._credentials = credentials
+        self._served: TLSMaterial | None = None if credentials is None else credentials.material
+        hooks = _Hooks(
+            event_loop=asyncio.get_running_loop(),
+            dispatch=calls.dispatch,
+            log_rpc=calls.log_rpc,
+            admit=_admission(config),
+            tls_check=None if credentials is None else self._check_tls_files,
+        )
+        try:
+            self._server = _transport.Server(
+                address,
+                [method.name for method in calls.methods],
+                list(RPC_BUCKETS),
+                descriptor_set(),
+                None if self._served is None else _pems(self._served),
+                hooks,
+                secrets.token_hex(3),  # keeps request ids of replicas and restarts apart
+            )
+        except OSError as exc:
+            raise ListenError(f"listen {address!r}: {exc}") from None
+        self.port: int = self._server.port
+        self._server.set_debug(logging.getLogger(Calls.__module__).isEnabledFor(logging.DEBUG))
 
     def cert_not_after(self) -> float | None:
         """notAfter (Unix time) of the certificate new connections get; None without TLS."""
-        return None if self.credentials is None else self.credentials.not_after()
+        if self._credentials is None:
+            return None
+        self._check_tls_files()
+        return self._credentials.material.not_after
+
+    def _check_tls_files(self) -> None:
+        """Before each handshake (from the transport) and at scrape time: hand the transport
+        the newest valid material once it changed."""
+        assert self._credentials is not None
+        try:
+            self._credentials.refresh()
+            material = self._credentials.material
+            if material is not self._served:
+                self._server.set_tls(*_pems(material))
+                self._served = material
+        except Exception:  # a failure here must not fail the handshake that asked
+            log.exception("TLS certificate reload failed; keeping the current certificate")
+
+    def set_after_call(self, after_call: Any) -> None:
+        self._calls.after_call = after_call
+
+    def publish_node_index(self, index: Mapping[str, bytes], not_managed: bytes) -> None:
+        self._server.publish_node_index(index, not_managed)
+
+    def publish_answers(self, method: str, answers: Mapping[str, bytes | tuple[int, str]]) -> None:
+        self._server.publish_answers(method, answers)
+
+    def rpc_readings(self) -> list[RpcReading]:
+        readings = []
+        for index, method in enumerate(self._calls.methods):
+            codes, buckets, seconds = self._server.rpc_stats(index)
+            named = {CODE_NAMES[code]: count for code, count in enumerate(codes) if count}
+            readings.append(RpcReading(method.name, named, buckets, seconds))
+        return readings
 
     async def stop(self, grace: float | None = DEFAULT_GRACE_SECONDS) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        loop = asyncio.get_running_loop()
+        stopped = loop.create_future()
+
+        def done() -> None:
+            if not stopped.done():
+                stopped.set_result(None)
+
+        def on_stopped() -> None:  # on the transport's thread
+            loop.call_soon_threadsafe(done)
+
+        self._server.stop(grace or 0.0, on_stopped)
+        await stopped
+        self._calls.cancel_all()
         log.info("gRPC server stopped")
 
 
-def _unimplemented(name: str) -> Any:
-    message = f"{name} is not implemented by cloudscale-autoscaler"
-
-    async def answer(request: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
-
-    return answer
-
-
-def routes(servicer: pb_grpc.CloudProviderServicer) -> Any:
-    """What the generated registration code gets instead of the servicer itself: the servicer's
-    methods, except that an RPC it does not override answers UNIMPLEMENTED naming the RPC
-    (the generated base class would answer with a generic, unnamed message)."""
-    base = pb_grpc.CloudProviderServicer
-    table = types.SimpleNamespace()
-    for name in RPC_NAMES:
-        own = getattr(type(servicer), name, None)
-        overridden = own is not None and own is not getattr(base, name)
-        setattr(table, name, getattr(servicer, name) if overridden else _unimplemented(name))
-    return table
-
-
-def _interceptors(config: Config) -> list[grpc.aio.ServerInterceptor[Any, Any]]:
-    chain: list[grpc.aio.ServerInterceptor[Any, Any]] = [RequestLogInterceptor()]
+def _admission(config: Config) -> Any:
     allowed = config.tls.allowed_clients
     if allowed and config.tls.insecure:
         log.warning("tls.allowedClients is ignored: tls.insecure serves without certificates")
-    elif allowed:
-        chain.append(AllowedClientsInterceptor(allowed, services=[SERVICE_NAME]))
-    return chain
+        return None
+    return AllowedClients(allowed).decide if allowed else None
 
 
 def _credentials(config: Config, reload_interval: float) -> ReloadingCredentials | None:
@@ -113,56 +189,26 @@ def _credentials(config: Config, reload_interval: float) -> ReloadingCredentials
     return ReloadingCredentials(tls.cert, tls.key, tls.client_ca, min_interval=reload_interval)
 
 
-def _bind(server: grpc.aio.Server, listen: str, credentials: ReloadingCredentials | None) -> int:
-    try:
-        if credentials is None:
-            port = server.add_insecure_port(listen)
-        else:
-            port = server.add_secure_port(listen, credentials.server_credentials())
-    except RuntimeError as exc:
-        raise ListenError(f"listen {listen!r}: cannot bind ({exc})") from None
-    if port == 0:  # older gRPC releases report failure this way
-        raise ListenError(f"listen {listen!r}: cannot bind (address in use or invalid)")
-    return port
-
-
 async def start_server(
     config: Config,
     servicer: pb_grpc.CloudProviderServicer,
     *,
     listen: str | None = None,
     reload_interval: float = DEFAULT_MIN_INTERVAL,
-    interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
-    extra_options: Sequence[tuple[str, Any]] = (),
 ) -> RunningServer:
     """Bind `listen` (default config.listen; port 0 picks a free one) and start serving.
 
-    `interceptors` run inside ours (after the request id is set and the client admitted),
-    e.g. for metrics.
-
-    Raises TLSFileError (bad certificate files), ListenError or ValueError (TLS not configured).
+    Raises TLSFileError (bad certificate files), ListenError or ValueError (TLS not configured,
+    or material the TLS library refuses).
     """
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
-    server = grpc.aio.server(
-        interceptors=[*_interceptors(config), *interceptors, MalformedRequestInterceptor()],
-        options=[*SERVER_OPTIONS, *extra_options],
-    )
-    pb_grpc.add_CloudProviderServicer_to_server(routes(servicer), server)  # type: ignore[no-untyped-call]
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    port = _bind(server, address, credentials)
+    running = RunningServer(config, Calls(servicer), address, credentials)
     if credentials is None:
         log.warning(
             "SERVING gRPC WITHOUT TLS (tls.insecure: true): anyone who can reach %s can "
             "create and delete servers. Use this only for local development.",
             address,
         )
-    await server.start()
-    for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    log.info("gRPC server listening", extra={"listen": address, "port": port})
-    return RunningServer(server, port, health, credentials)
+    log.info("gRPC server listening", extra={"listen": address, "port": running.port})
+    return running

@@ -1,9 +1,9 @@
 """Server-side mTLS with certificate reload.
 
-cert-manager renews the server certificate by rewriting the files of the mounted Secret. gRPC
-calls our fetcher before every new TLS handshake (on any thread, grpc.aio included); the fetcher
-stats the three files at most once per `min_interval` seconds and, when one changed and the new
-set is valid, hands gRPC a new certificate configuration. Established connections keep the
+cert-manager renews the server certificate by rewriting the files of the mounted Secret. The
+transport asks before every new TLS handshake (transport/server.py); `refresh` stats the three
+files at most once per `min_interval` seconds and, when one changed and the new set is valid,
+makes it the material handed to the transport. Established connections keep the
 certificate they negotiated (TLS checks validity only during the handshake), so rotation needs
 no restart and drops no RPC. An invalid intermediate state (a key that no longer matches the
 certificate halfway through a non-atomic copy) is logged once and skipped: the last good
@@ -14,9 +14,9 @@ on every reload, `check-config` calls it too, so a file one refuses the other re
 same message.
 
 Client certificates are always required and verified against `clientCA` (a PEM bundle, also
-reloaded). BoringSSL inside gRPC checks the client certificate's extended key usage (a
-serverAuth-only certificate is refused with "unsupported certificate purpose") and gRPC core
-negotiates TLS 1.2 or newer only; tests/test_transport_tls.py pins both behaviours.
+reloaded). rustls in the transport checks the client certificate's extended key usage (a
+serverAuth-only certificate is refused) and negotiates TLS 1.2 or newer only;
+tests/test_transport_tls.py pins both behaviours.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -57,11 +56,6 @@ class TLSMaterial:
     def not_after(self) -> float:
         """The leaf certificate's notAfter as a Unix timestamp."""
         return self.leaf.not_valid_after_utc.timestamp()
-
-    def configuration(self) -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration(
-            [(self.key, self.cert_chain)], self.client_ca
-        )
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -150,7 +144,7 @@ def _signature(paths: tuple[Path, ...]) -> Signature:
 
 
 class ReloadingCredentials:
-    """Owns the server's TLS files and gives gRPC dynamic credentials that follow them."""
+    """Owns the server's TLS files and the newest valid material loaded from them."""
 
     def __init__(
         self,
@@ -173,8 +167,6 @@ class ReloadingCredentials:
         self._seen = seen
         self._failed: object = None  # the last unusable state, logged once
         self._checked_at = clock()
-        self._version = 0
-        self._handed_out = 0
 
     @property
     def material(self) -> TLSMaterial:
@@ -185,13 +177,6 @@ class ReloadingCredentials:
         """notAfter (Unix time) of the certificate new connections get; rechecks the files."""
         self.refresh()
         return self._material.not_after
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(
-            self._material.configuration(),
-            self._fetch,  # type: ignore[arg-type]  # None means "keep the current one"
-            require_client_authentication=True,
-        )
 
     def refresh(self, *, force: bool = False) -> bool:
         """Reload if the files changed (at most once per min_interval unless forced).
@@ -236,7 +221,6 @@ class ReloadingCredentials:
         ):
             return False
         self._material = material
-        self._version += 1
         log.info(
             "loaded new TLS certificate",
             extra={"serial": f"{material.leaf.serial_number:x}", "not_after": _iso(material)},
@@ -247,19 +231,6 @@ class ReloadingCredentials:
         if state != self._failed:
             self._failed = state
             log.warning("TLS files changed but are not usable; keeping the previous: %s", reason)
-
-    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """gRPC's per-handshake callback: a configuration once after each change, else None."""
-        try:
-            self.refresh()
-            with self._lock:
-                if self._handed_out == self._version:
-                    return None
-                self._handed_out = self._version
-                return self._material.configuration()
-        except Exception:  # an exception here would fail the handshake, not just this check
-            log.exception("TLS certificate reload check failed; keeping the current certificate")
-            return None
 
 
 def _iso(material: TLSMaterial) -> str:

@@ -1,0 +1,292 @@
+//! The CloudProvider service as one tower service: unary gRPC framing by hand (the payload
+//! stays raw bytes), routing by method path, the hot answers, and forwarding to Python.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tonic::body::BoxBody;
+use tonic::server::NamedService;
+
+use crate::bridge::Bridge;
+use crate::snapshot::{Answer, Hot, Snapshot};
+use crate::stats::Stats;
+
+pub const SERVICE: &str = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider";
+/// CA's DeleteNodes carries whole node objects; gRPC's default 4 MiB is too small for it.
+pub const MAX_RECEIVE_BYTES: usize = 16 * 1024 * 1024;
+
+pub const OK: u8 = 0;
+const CANCELLED: u8 = 1;
+const INTERNAL: u8 = 13;
+const UNIMPLEMENTED: u8 = 12;
+const RESOURCE_EXHAUSTED: u8 = 8;
+const PERMISSION_DENIED: u8 = 7;
+
+/// Per connection: None when the client may call CloudProvider, else why not.
+#[derive(Clone, Default)]
+pub struct Peer {
+    pub denial: Option<Arc<str>>,
+}
+
+pub struct Core {
+    pub by_path: HashMap<String, usize>,
+    pub hot: Vec<Option<Hot>>,
+    pub snapshot: Snapshot,
+    pub stats: Stats,
+    pub bridge: Bridge,
+    pub debug: AtomicBool,
+    request_ids: AtomicU64,
+    id_prefix: String,
+}
+
+impl Core {
+    pub fn new(methods: &[String], bounds: Vec<f64>, bridge: Bridge, id_prefix: String) -> Core {
+        Core {
+            by_path: methods
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (format!("/{SERVICE}/{name}"), i))
+                .collect(),
+            hot: methods.iter().map(|name| Hot::from_method(name)).collect(),
+            snapshot: Snapshot::default(),
+            stats: Stats::new(methods.len(), bounds),
+            bridge,
+            debug: AtomicBool::new(false),
+            request_ids: AtomicU64::new(0),
+            id_prefix,
+        }
+    }
+
+    async fn handle(&self, request: Request<BoxBody>) -> Response<BoxBody> {
+        let started = Instant::now();
+        let Some(&method) = self.by_path.get(request.uri().path()) else {
+            return status_response(UNIMPLEMENTED, "Method not found!");
+        };
+        let id = format!(
+            "{}-{}",
+            self.id_prefix,
+            self.request_ids.fetch_add(1, Relaxed) + 1
+        );
+        let answer = self.answer(method, &id, request).await;
+        let code = match &answer {
+            Answer::Ok(_) => OK,
+            Answer::Status(code, _) => *code,
+        };
+        let took = started.elapsed();
+        self.stats.observe(method, code, took);
+        if self.debug.load(Relaxed) {
+            self.bridge.log_rpc(&id, method, code, took);
+        }
+        match answer {
+            Answer::Ok(framed) => ok_response(framed),
+            Answer::Status(code, message) => status_response(code, &message),
+        }
+    }
+
+    async fn answer(&self, method: usize, id: &str, request: Request<BoxBody>) -> Answer {
+        if let Some(denial) = request
+            .extensions()
+            .get::<Peer>()
+            .and_then(|p| p.denial.clone())
+        {
+            return Answer::Status(PERMISSION_DENIED, denial);
+        }
+        let timeout = grpc_timeout(request.headers());
+        let message = match read_message(request.into_body()).await {
+            Ok(message) => message,
+            Err(refusal) => return refusal,
+        };
+        if let Some(hot) = self.hot[method] {
+            if let Some(answer) = self.snapshot.answer(hot, &message) {
+                return answer;
+            }
+        }
+        self.bridge.forward(method, &message, timeout, id).await
+    }
+}
+
+/// Reads the one request message, refusing anything over the limit as soon as its length
+/// prefix is known.
+async fn read_message(mut body: BoxBody) -> Result<Bytes, Answer> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(status(CANCELLED, "the request body was cut off"));
+        };
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+        }
+        if buf.len() >= 5 {
+            let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if length > MAX_RECEIVE_BYTES {
+                let message =
+                    format!("Received message larger than max ({length} vs. {MAX_RECEIVE_BYTES})");
+                return Err(status(RESOURCE_EXHAUSTED, &message));
+            }
+            if buf.len() > length + 5 {
+                return Err(status(
+                    INTERNAL,
+                    "more than one request message in a unary call",
+                ));
+            }
+        }
+    }
+    if buf.len() < 5 {
+        return Err(status(INTERNAL, "no request message"));
+    }
+    let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if buf[0] != 0 {
+        return Err(status(
+            UNIMPLEMENTED,
+            "compressed request messages are not supported",
+        ));
+    }
+    if buf.len() != length + 5 {
+        return Err(status(INTERNAL, "the request message was cut off"));
+    }
+    Ok(buf.freeze().split_off(5))
+}
+
+pub fn status(code: u8, message: &str) -> Answer {
+    Answer::Status(code, Arc::from(message))
+}
+
+/// A response message with gRPC's 5-byte prefix (uncompressed, length).
+pub fn frame(message: &[u8]) -> Bytes {
+    let mut framed = BytesMut::with_capacity(message.len() + 5);
+    framed.put_u8(0);
+    framed.put_u32(message.len() as u32);
+    framed.put_slice(message);
+    framed.freeze()
+}
+
+/// The caller's `grpc-timeout` (digits and a unit, e.g. `4999m`), if any.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// grpc-message's percent-encoding: printable ASCII except '%' stays as is.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for byte in message.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn grpc_headers(response: &mut Response<BoxBody>) {
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+}
+
+fn ok_response(framed: Bytes) -> Response<BoxBody> {
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let body = Unary {
+        data: Some(framed),
+        trailers: Some(trailers),
+    };
+    let mut response = Response::new(tonic::body::boxed(body));
+    grpc_headers(&mut response);
+    response
+}
+
+/// A trailers-only response: the status travels in the headers, the body is empty.
+fn status_response(code: u8, message: &str) -> Response<BoxBody> {
+    let mut response = Response::new(tonic::body::empty_body());
+    grpc_headers(&mut response);
+    let headers = response.headers_mut();
+    headers.insert("grpc-status", HeaderValue::from(u16::from(code)));
+    if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
+        headers.insert("grpc-message", value);
+    }
+    response
+}
+
+/// One data frame, then the trailers.
+struct Unary {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for Unary {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+#[derive(Clone)]
+pub struct CloudProvider(pub Arc<Core>);
+
+impl NamedService for CloudProvider {
+    const NAME: &'static str = SERVICE;
+}
+
+impl tower_service::Service<Request<BoxBody>> for CloudProvider {
+    type Response = Response<BoxBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<BoxBody>) -> Self::Future {
+        let core = self.0.clone();
+        Box::pin(async move { Ok(core.handle(request).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_and_messages() {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", HeaderValue::from_static("4999m"));
+        assert_eq!(grpc_timeout(&headers), Some(Duration::from_millis(4999)));
+        headers.insert("grpc-timeout", HeaderValue::from_static("7x"));
+        assert_eq!(grpc_timeout(&headers), None);
+        assert_eq!(percent_encode("a 100% 'ü'\n"), "a 100%25 '%C3%BC'%0A");
+    }
+}

@@ -1,0 +1,214 @@
+//! Connections and the server's life: accept, TLS handshake, the per-connection
+//! allowedClients decision, tonic serving health, reflection and CloudProvider, the drain.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use pyo3::prelude::*;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
+use tonic_health::ServingStatus;
+
+use crate::grpc::{CloudProvider, Core, Peer, SERVICE};
+use crate::tls::identity;
+
+/// A slow or stalled client must not hold an accept slot forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+pub struct Io {
+    stream: Stream,
+    peer: Peer,
+}
+
+impl Connected for Io {
+    type ConnectInfo = Peer;
+
+    fn connect_info(&self) -> Peer {
+        self.peer.clone()
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $stream:ident => $call:expr) => {
+        match &mut $self.get_mut().stream {
+            Stream::Plain($stream) => {
+                let $stream = Pin::new($stream);
+                $call
+            }
+            Stream::Tls($stream) => {
+                let $stream = Pin::new($stream.as_mut());
+                $call
+            }
+        }
+    };
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.stream {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+type Tls = Option<Arc<ArcSwap<rustls::ServerConfig>>>;
+type Stop = oneshot::Receiver<(Duration, PyObject)>;
+
+/// Builds the services and serves on a thread of its own until told to stop.
+pub fn start(
+    listener: std::net::TcpListener,
+    core: Arc<Core>,
+    tls: Tls,
+    descriptors: &'static [u8],
+    stop: Stop,
+) -> PyResult<()> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(descriptors)
+        .build_v1alpha()
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("grpc-transport".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = TcpListener::from_std(listener).expect("inside the runtime");
+                let (mut health_reporter, health) = tonic_health::server::health_reporter();
+                health_reporter
+                    .set_service_status(SERVICE, ServingStatus::Serving)
+                    .await;
+                let (connections, incoming) = mpsc::channel(64);
+                let accepting = tokio::spawn(accept(listener, core.clone(), tls, connections));
+                let (drain, draining) = oneshot::channel::<()>();
+                let serving = tokio::spawn(
+                    tonic::transport::Server::builder()
+                        .add_service(health)
+                        .add_service(reflection)
+                        .add_service(CloudProvider(core))
+                        .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async {
+                            let _ = draining.await;
+                        }),
+                );
+                let (grace, on_stopped) = stop
+                    .await
+                    .unwrap_or_else(|_| (Duration::ZERO, Python::with_gil(|py| py.None())));
+                for service in ["", SERVICE] {
+                    health_reporter
+                        .set_service_status(service, ServingStatus::NotServing)
+                        .await;
+                }
+                accepting.abort();
+                let _ = drain.send(());
+                let abort = serving.abort_handle();
+                if tokio::time::timeout(grace, serving).await.is_err() {
+                    abort.abort(); // the grace is over: cut what is still running
+                }
+                Python::with_gil(|py| {
+                    if !on_stopped.is_none(py) {
+                        if let Err(error) = on_stopped.call0(py) {
+                            error.write_unraisable(py, None);
+                        }
+                    }
+                });
+            });
+        })?;
+    Ok(())
+}
+
+async fn accept(
+    listener: TcpListener,
+    core: Arc<Core>,
+    tls: Tls,
+    connections: mpsc::Sender<Result<Io, io::Error>>,
+) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            // Out of file descriptors and the like: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let Some(tls) = &tls else {
+            let io = Io {
+                stream: Stream::Plain(tcp),
+                peer: Peer::default(),
+            };
+            if connections.send(Ok(io)).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        core.bridge.tls_check();
+        let acceptor = TlsAcceptor::from(tls.load_full());
+        let (core, connections) = (core.clone(), connections.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+            else {
+                return; // the client sees the handshake fail; nothing to serve
+            };
+            let leaf = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first());
+            let names = leaf.map(identity).unwrap_or_default();
+            let denial = core.bridge.admit(names).map(Arc::from);
+            let io = Io {
+                stream: Stream::Tls(Box::new(stream)),
+                peer: Peer { denial },
+            };
+            let _ = connections.send(Ok(io)).await;
+        });
+    }
+}

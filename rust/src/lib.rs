@@ -1,0 +1,169 @@
+//! cloudscale_autoscaler._transport: the gRPC server (tonic, rustls) inside the Python process.
+//!
+//! It owns the port: CloudProvider, grpc health and reflection, mutual TLS. The hot read-only
+//! RPCs are answered from a snapshot Python publishes; every other call, and any miss, is
+//! forwarded to Python's asyncio loop. Python decides everything; this module serves it.
+
+mod bridge;
+mod grpc;
+mod io;
+mod snapshot;
+mod stats;
+mod tls;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use tokio::sync::oneshot;
+
+use crate::bridge::Bridge;
+use crate::grpc::{frame, status, Core};
+use crate::snapshot::{Answer, Hot, NodeIndex, Table};
+
+/// One running server; Python's transport/server.py wraps it.
+#[pyclass(frozen)]
+struct Server {
+    core: Arc<grpc::Core>,
+    tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
+    stop: Mutex<Option<oneshot::Sender<(Duration, PyObject)>>>,
+    #[pyo3(get)]
+    port: u16,
+}
+
+fn tls_config(pems: (Vec<u8>, Vec<u8>, Vec<u8>)) -> PyResult<rustls::ServerConfig> {
+    tls::server_config(&pems.0, &pems.1, &pems.2).map_err(PyValueError::new_err)
+}
+
+#[pymethods]
+impl Server {
+    /// Binds `listen` and starts serving on a thread of its own.
+    #[new]
+    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix))]
+    fn new(
+        listen: &str,
+        methods: Vec<String>,
+        buckets: Vec<f64>,
+        descriptors: Vec<u8>,
+        tls: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+        hooks: &Bound<'_, PyAny>,
+        id_prefix: String,
+    ) -> PyResult<Server> {
+        let optional = |name: &str| -> PyResult<Option<PyObject>> {
+            let value = hooks.getattr(name)?;
+            Ok((!value.is_none()).then(|| value.unbind()))
+        };
+        let bridge = Bridge {
+            event_loop: hooks.getattr("event_loop")?.unbind(),
+            dispatch: hooks.getattr("dispatch")?.unbind(),
+            log_rpc: hooks.getattr("log_rpc")?.unbind(),
+            admit: optional("admit")?,
+            tls_check: optional("tls_check")?,
+        };
+        let tls = tls
+            .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))
+            .transpose()?;
+        let core = Arc::new(Core::new(&methods, buckets, bridge, id_prefix));
+        let listener = std::net::TcpListener::bind(listen)
+            .map_err(|e| PyOSError::new_err(format!("cannot bind ({e})")))?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let (stop, stopped) = oneshot::channel();
+        // Reflection keeps the descriptors for the life of the process (one server per process).
+        let descriptors: &'static [u8] = Box::leak(descriptors.into_boxed_slice());
+        io::start(listener, core.clone(), tls.clone(), descriptors, stopped)?;
+        Ok(Server {
+            core,
+            tls,
+            stop: Mutex::new(Some(stop)),
+            port,
+        })
+    }
+
+    /// New TLS material for the connections accepted from now on.
+    fn set_tls(&self, cert: Vec<u8>, key: Vec<u8>, client_ca: Vec<u8>) -> PyResult<()> {
+        let Some(current) = &self.tls else {
+            return Err(PyValueError::new_err("this server serves without TLS"));
+        };
+        current.store(Arc::new(tls_config((cert, key, client_ca))?));
+        Ok(())
+    }
+
+    fn set_debug(&self, on: bool) {
+        self.core
+            .debug
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// NodeGroupForNode's answers: providerID -> serialized response, and the "not ours" one.
+    fn publish_node_index(&self, index: &Bound<'_, PyDict>, not_managed: &[u8]) -> PyResult<()> {
+        // Many keys share one response object: frame each distinct object once.
+        let mut framed: HashMap<usize, bytes::Bytes> = HashMap::new();
+        let mut by_provider_id = HashMap::with_capacity(index.len());
+        for (key, value) in index.iter() {
+            let value = value.downcast_into::<PyBytes>()?;
+            let answer = framed
+                .entry(value.as_ptr() as usize)
+                .or_insert_with(|| frame(value.as_bytes()))
+                .clone();
+            by_provider_id.insert(key.extract::<String>()?, answer);
+        }
+        self.core.snapshot.set_index(NodeIndex {
+            by_provider_id,
+            not_managed: frame(not_managed),
+        });
+        Ok(())
+    }
+
+    /// One hot RPC's answers by group id ("" for NodeGroups and GPULabel): serialized
+    /// response bytes, or a (status code, message) tuple. Replaces that RPC's table.
+    fn publish_answers(&self, method: &str, answers: &Bound<'_, PyDict>) -> PyResult<()> {
+        let hot = Hot::from_method(method)
+            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        let mut table = Table::with_capacity(answers.len());
+        for (key, value) in answers.iter() {
+            let answer = if let Ok(message) = value.downcast::<PyBytes>() {
+                Answer::Ok(frame(message.as_bytes()))
+            } else {
+                let (code, message): (u8, String) = value.downcast::<PyTuple>()?.extract()?;
+                status(code, &message)
+            };
+            table.insert(key.extract::<String>()?, answer);
+        }
+        self.core.snapshot.set_table(hot, table);
+        Ok(())
+    }
+
+    /// Per method index: (count per status code, observations per bucket, sum of seconds).
+    fn rpc_stats(&self, method: usize) -> PyResult<stats::Reading> {
+        if method >= self.core.hot.len() {
+            return Err(PyValueError::new_err("no such method"));
+        }
+        Ok(self.core.stats.read(method))
+    }
+
+    /// Health NOT_SERVING, no new connections, in-flight calls get `grace` seconds; then
+    /// `on_stopped()` is called (from the server's thread).
+    fn stop(&self, grace: f64, on_stopped: PyObject) -> PyResult<()> {
+        let sender = self.stop.lock().map(|mut s| s.take()).unwrap_or(None);
+        let Some(sender) = sender else {
+            return Err(PyValueError::new_err("already stopping"));
+        };
+        let grace = Duration::try_from_secs_f64(grace.max(0.0)).unwrap_or(Duration::MAX);
+        let _ = sender.send((grace, on_stopped));
+        Ok(())
+    }
+}
+
+#[pymodule]
+fn _transport(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Server>()?;
+    module.add_class::<bridge::Reply>()?;
+    module.add("MAX_RECEIVE_BYTES", grpc::MAX_RECEIVE_BYTES)?;
+    Ok(())
+}

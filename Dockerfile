@@ -11,10 +11,16 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# The compiled transport (rust/) needs a Rust toolchain: Debian's current one (rustc-web;
+# bookworm's plain rustc 1.63 is too old for tonic and rustls). Only this stage has it.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends rustc-web cargo-web gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the build needs (.dockerignore keeps the context to these). The generated protobuf
-# modules are committed under src/, so no protoc runs here.
+# modules are committed under src/, so no protoc runs here; Cargo.lock pins every crate.
 COPY pyproject.toml README.md ./
+COPY rust ./rust
 COPY src ./src
 RUN pip wheel --wheel-dir /wheels .
 

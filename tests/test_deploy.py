@@ -1154,6 +1154,10 @@ def dockerignore_patterns() -> list[str]:
         ("src/pkg/mod.py", True),
         ("src/pkg/__pycache__/mod.cpython-311.pyc", False),
         ("src/pkg.egg-info/PKG-INFO", False),
+        ("rust/Cargo.lock", True),
+        ("rust/src/lib.rs", True),
+        ("rust/target/release/lib_transport.so", False),
+        ("src/cloudscale_autoscaler/_transport.abi3.so", False),
         (".venv/bin/python", False),
         ("tests/test_x.py", False),
         ("deploy/kustomize/base/config.yaml", False),
@@ -1179,4 +1183,6 @@ def test_build_context_holds_what_the_package_build_needs() -> None:
     assert needed, "the package has sources"
     assert needed <= context, sorted(needed - context)
     assert {"src/cloudscale_autoscaler/protos/externalgrpc_pb2.py"} <= context
+    crate = {str(p.relative_to(ROOT)) for p in (ROOT / "rust" / "src").rglob("*.rs")}
+    assert crate and crate | {"rust/Cargo.toml", "rust/Cargo.lock"} <= context
     assert not [f for f in context if f.startswith(("tests/", ".venv", ".git/"))]

@@ -37,3 +37,34 @@ def test_static_check(command: list[str]) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _cargo() -> str:
+    home = Path.home() / ".cargo" / "bin"
+    found = shutil.which("cargo") or shutil.which("cargo", path=str(home))
+    if found is None:
+        pytest.fail("cargo is not installed: .ci/run installs the Rust toolchain")
+    return found
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fmt", "--check"],
+        ["clippy", "--locked", "--all-targets", "--", "-D", "warnings"],
+        ["test", "--locked"],
+    ],
+    ids=["rustfmt", "clippy", "cargo-test"],
+)
+@pytest.mark.timeout(1500)
+def test_rust_check(args: list[str]) -> None:
+    """The transport crate: formatted, clippy-clean, its unit tests pass (a cold build of
+    the dependencies takes minutes; CI keeps CARGO_TARGET_DIR between runs)."""
+    done = subprocess.run(
+        [_cargo(), *args],
+        cwd=ROOT / "rust",
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,8 +1,8 @@
 """Logging to stderr as plain text or JSON lines, with request ids and secret redaction.
 
 Extra fields passed with `logger.info("...", extra={"group": "workers"})` appear as `key=value`
-(plain) or as JSON keys. The id of the RPC being served (set by the transport's logging
-interceptor through `request_id_var`) is added to every record logged while serving it.
+(plain) or as JSON keys. The id of the RPC being served (set by the transport for each call it
+hands to Python, through `request_id_var`) is added to every record logged while serving it.
 
 Secrets registered with `register_secret` (the cloudscale.ch API token) are masked in the final
 output line, whatever path they took into it: message, arguments, extras or a traceback.

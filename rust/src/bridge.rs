@@ -20,6 +20,8 @@ pub struct Bridge {
     pub event_loop: PyObject,
     /// dispatch(method index, request bytes, timeout seconds or None, request id, reply)
     pub dispatch: PyObject,
+    /// cancel(request id): the caller is gone (deadline, cancelled, server cut off)
+    pub cancel: PyObject,
     /// log_rpc(request id, method index, status code, seconds)
     pub log_rpc: PyObject,
     /// admit(common names, DNS SANs) -> None or the denial; None when all may call.
@@ -78,9 +80,12 @@ impl Bridge {
         if handed.is_err() {
             return status(UNAVAILABLE, "the server is shutting down");
         }
-        receiver
+        let mut pending = Pending { bridge: self, id };
+        let answer = receiver
             .await
-            .unwrap_or_else(|_| status(INTERNAL, "the call was dropped without an answer"))
+            .unwrap_or_else(|_| status(INTERNAL, "the call was dropped without an answer"));
+        pending.id = "";
+        answer
     }
 
     pub fn log_rpc(&self, id: &str, method: usize, code: u8, took: Duration) {
@@ -112,5 +117,28 @@ impl Bridge {
                 }
             });
         }
+    }
+}
+
+/// A forwarded call whose caller may give up: dropped before Python answered, it tells Python
+/// to cancel the call's task, as a gRPC server cancels the handler of a call that is gone.
+struct Pending<'a> {
+    bridge: &'a Bridge,
+    id: &'a str,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.id.is_empty() {
+            return;
+        }
+        Python::with_gil(|py| {
+            let args = (self.bridge.cancel.clone_ref(py), self.id);
+            // Fails only when the loop is closed: then nothing runs that could be cancelled.
+            let _ = self
+                .bridge
+                .event_loop
+                .call_method1(py, "call_soon_threadsafe", args);
+        });
     }
 }

@@ -61,6 +61,7 @@ impl Server {
         let bridge = Bridge {
             event_loop: hooks.getattr("event_loop")?.unbind(),
             dispatch: hooks.getattr("dispatch")?.unbind(),
+            cancel: hooks.getattr("cancel")?.unbind(),
             log_rpc: hooks.getattr("log_rpc")?.unbind(),
             admit: optional("admit")?,
             tls_check: optional("tls_check")?,

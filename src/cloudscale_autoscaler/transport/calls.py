@@ -96,7 +96,7 @@ class Calls:
         self.methods = methods(servicer)
         # Publishes the hot answers after every forwarded call (see the module docstring).
         self.after_call: Callable[[], None] = lambda: None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # request id -> call in progress
 
     def dispatch(
         self, index: int, data: bytes, timeout: float | None, request_id: str, reply: Reply
@@ -105,12 +105,19 @@ class Calls:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         task = loop.create_task(self._serve(self.methods[index], data, deadline, request_id, reply))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[request_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(request_id, None))
+
+    def cancel(self, request_id: str) -> None:
+        """Called by the transport on the event loop when the caller is gone (its deadline
+        passed, it cancelled, the server cut the call off at the end of the drain)."""
+        task = self._tasks.get(request_id)
+        if task is not None:
+            task.cancel()
 
     def cancel_all(self) -> None:
         """After the transport stopped: calls still running have nobody to answer to."""
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
 
     async def _serve(

@@ -84,6 +84,7 @@ class _Hooks:
 
     event_loop: asyncio.AbstractEventLoop
     dispatch: Any
+    cancel: Any
     log_rpc: Any
     admit: Any
     tls_check: Any
@@ -99,6 +100,7 @@ class RunningServer:
         hooks = _Hooks(
             event_loop=asyncio.get_running_loop(),
             dispatch=calls.dispatch,
+            cancel=calls.cancel,
             log_rpc=calls.log_rpc,
             admit=_admission(config),
             tls_check=None if credentials is None else self._check_tls_files,

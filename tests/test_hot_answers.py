@@ -1,0 +1,189 @@
+"""The answers the transport serves by itself (NodeGroups, GPULabel, NodeGroupForNode,
+NodeGroupTargetSize, NodeGroupGetOptions): served without Python's event loop, and always
+exactly what the servicer answers, right after every change (CA calls one at a time)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import grpc
+from fixtures.stack import Stack, StackFactory, group, group_tags
+from fixtures.tls import PKI
+
+from cloudscale_autoscaler.config import AutoscalingOptions
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+
+TIMEOUT = 10.0
+TUNED = AutoscalingOptions(
+    scale_down_utilization_threshold=0.4,
+    scale_down_gpu_utilization_threshold=0.5,
+    scale_down_unneeded_seconds=600,
+    scale_down_unready_seconds=1200,
+    max_node_provision_seconds=900,
+    max_node_startup_seconds=300,
+    zero_or_max_node_scaling=False,
+    ignore_daemonsets_utilization=True,
+    allow_non_atomic_scale_up_to_max=False,
+)
+# What CA 1.36 sends: its defaults, with the new duration fields.
+CA_DEFAULTS = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
+
+
+def sync_stub(pki: PKI, address: str) -> tuple[grpc.Channel, pb_grpc.CloudProviderStub]:
+    credentials = grpc.ssl_channel_credentials(
+        pki.ca_cert.read_bytes(), pki.client_key.read_bytes(), pki.client_cert.read_bytes()
+    )
+    channel = grpc.secure_channel(address, credentials)
+    return channel, pb_grpc.CloudProviderStub(channel)  # type: ignore[no-untyped-call]
+
+
+async def two_groups(stack: StackFactory) -> tuple[Stack, list[str]]:
+    s = await stack(
+        groups=[group("workers", 0, 5), group("tuned", 0, 3, autoscaling_options=TUNED)]
+    )
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2))
+    await s.settle("workers")
+    ids = [i.id for i in await s.instances("workers")]
+    assert len(ids) == 2
+    return s, ids
+
+
+def hot_calls(stub: pb_grpc.CloudProviderStub, provider_id: str) -> list[Any]:
+    node = pb.ExternalGrpcNode(providerID=provider_id)
+    return [
+        stub.NodeGroups(pb.NodeGroupsRequest(), timeout=TIMEOUT),
+        stub.GPULabel(pb.GPULabelRequest(), timeout=TIMEOUT),
+        stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=TIMEOUT),
+        stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id="workers"), timeout=TIMEOUT),
+        stub.NodeGroupGetOptions(
+            pb.NodeGroupAutoscalingOptionsRequest(id="tuned", defaults=CA_DEFAULTS),
+            timeout=TIMEOUT,
+        ),
+    ]
+
+
+async def test_hot_rpcs_are_answered_while_the_event_loop_is_blocked(
+    stack: StackFactory, pki: PKI
+) -> None:
+    s, ids = await two_groups(stack)
+    channel, stub = sync_stub(pki, s.address)
+    answers: list[Any] = []
+    forwarded: list[grpc.StatusCode] = []
+
+    def client() -> None:
+        answers.extend(hot_calls(stub, ids[0]))
+        try:  # Control: a forwarded call needs the loop, so it cannot finish now.
+            stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id="workers"), timeout=0.5)
+        except grpc.RpcError as error:
+            forwarded.append(error.code())  # type: ignore[attr-defined]
+
+    with channel:
+        thread = threading.Thread(target=client)
+        thread.start()
+        # Block the event loop (a join without await) until the client is done, or give up.
+        thread.join(timeout=20)
+        alive = thread.is_alive()
+        thread.join()
+    assert not alive, "hot RPCs waited for the event loop"
+    assert forwarded == [grpc.StatusCode.DEADLINE_EXCEEDED]
+    groups, label, for_node, target, options = answers
+    assert [g.id for g in groups.nodeGroups] == ["workers", "tuned"]
+    assert label.label == "cloudscale.ch/gpu"
+    assert for_node.nodeGroup.id == "workers"
+    assert target.targetSize == 2
+    assert options.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == 0.4
+
+
+class _NoDeadline:
+    def time_remaining(self) -> None:
+        return None
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> Any:
+        raise AssertionError(f"{code}: {details}")
+
+
+async def test_node_group_for_node_answers_every_spelling_as_the_engine_does(
+    stack: StackFactory,
+) -> None:
+    s, ids = await two_groups(stack)
+    uuid = ids[0].removeprefix("cloudscale://")
+    spellings = [
+        ids[0],
+        ids[0].upper(),
+        "CloudScale://" + uuid.replace("-", ""),
+        "cloudscale://" + uuid.upper().replace("-", ""),
+        "cloudscale://" + uuid[:-1],  # one digit short
+        "cloudscale://" + uuid[:-1] + "g",  # not hex
+        "cloudscale://" + uuid.replace("-", "+"),
+        "cloudscale://00000000-0000-4000-8000-000000000000",  # nobody's
+        "cloudscale://failed-nothing",
+        "aws:///eu-west-1a/i-0123",
+        "",
+        "cloudscale://",
+        "clöudscale://" + uuid,
+    ]
+    engine = s.provider.service.engine
+    for provider_id in spellings:
+        request = pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode(providerID=provider_id))
+        served = await s.stub.NodeGroupForNode(request, timeout=TIMEOUT)
+        assert served == engine.node_group_for_node(provider_id), provider_id
+    for provider_id in spellings[:4]:  # the spellings of our server do hit
+        request = pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode(providerID=provider_id))
+        assert (await s.stub.NodeGroupForNode(request)).nodeGroup.id == "workers"
+
+
+async def test_answers_follow_every_change_at_once(stack: StackFactory) -> None:
+    s, ids = await two_groups(stack)
+    service = s.provider.service
+
+    async def direct_target(group_id: str) -> int:
+        request = pb.NodeGroupTargetSizeRequest(id=group_id)
+        reply = await service.NodeGroupTargetSize(request, _NoDeadline())
+        return int(reply.targetSize)
+
+    # Each read comes right after the call that changed the state, as CA makes them.
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=3))
+    assert await s.target("workers") == 5 == await direct_target("workers")
+    await s.stub.NodeGroupDeleteNodes(
+        pb.NodeGroupDeleteNodesRequest(id="workers", nodes=[pb.ExternalGrpcNode(providerID=ids[0])])
+    )
+    assert await s.target("workers") == 4 == await direct_target("workers")
+    await s.settle("workers")
+    instances = await s.instances("workers")
+    assert await s.target("workers") == len(instances) == 4
+    # A server created in the background is found as soon as it is listed.
+    for instance in instances:
+        request = pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode(providerID=instance.id))
+        assert (await s.stub.NodeGroupForNode(request)).nodeGroup.id == "workers"
+    # A server tagged for the group by hand counts from the Refresh that lists it on.
+    manual = await s.admin.create_server("by-hand", tags=group_tags("workers"))
+    manual_id = pb.ExternalGrpcNode(providerID=f"cloudscale://{manual['uuid']}")
+    await s.refresh()
+    assert await s.target("workers") == 5
+    reply = await s.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=manual_id))
+    assert reply.nodeGroup.id == "workers"
+    # An unknown group is a miss: the servicer's NOT_FOUND, with its message.
+    try:
+        await s.target("nope")
+        raise AssertionError("no error for an unknown group")
+    except grpc.aio.AioRpcError as error:
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "'nope'" in (error.details() or "")
+
+
+async def test_get_options_without_overrides_is_unimplemented_with_the_engine_message(
+    stack: StackFactory,
+) -> None:
+    s = await stack(groups=[group("workers", 0, 5)])
+    request = pb.NodeGroupAutoscalingOptionsRequest(id="workers", defaults=CA_DEFAULTS)
+    for _ in range(2):
+        try:
+            await s.stub.NodeGroupGetOptions(request, timeout=TIMEOUT)
+            raise AssertionError("GetOptions answered for a group without options")
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert error.details() == (
+                "node group workers has no autoscalingOptions: CA's defaults apply"
+            )

@@ -187,3 +187,36 @@ async def test_get_options_without_overrides_is_unimplemented_with_the_engine_me
             assert error.details() == (
                 "node group workers has no autoscalingOptions: CA's defaults apply"
             )
+
+
+async def test_get_options_depending_on_defaults_is_kept_per_request(
+    stack: StackFactory, pki: PKI
+) -> None:
+    """Only some options set: the answer takes the rest from the defaults CA sends. The first
+    request of each kind is Python's answer; the same bytes again are served with the loop
+    blocked, and other defaults still get their own answer."""
+    partial = AutoscalingOptions(scale_down_utilization_threshold=0.4)
+    s = await stack(groups=[group("partial", 0, 3, autoscaling_options=partial)])
+    ca_134 = pb.NodeGroupAutoscalingOptions(scaleDownGpuUtilizationThreshold=0.7)
+    ca_136 = pb.NodeGroupAutoscalingOptions(scaleDownGpuUtilizationThreshold=0.9)
+
+    def request(defaults: pb.NodeGroupAutoscalingOptions) -> Any:
+        return pb.NodeGroupAutoscalingOptionsRequest(id="partial", defaults=defaults)
+
+    first = await s.stub.NodeGroupGetOptions(request(ca_136), timeout=TIMEOUT)
+    channel, stub = sync_stub(pki, s.address)
+    answers: list[Any] = []
+    with channel:
+        thread = threading.Thread(
+            target=lambda: answers.append(stub.NodeGroupGetOptions(request(ca_136), timeout=5))
+        )
+        thread.start()
+        thread.join(timeout=20)  # the event loop is blocked meanwhile
+        alive = thread.is_alive()
+        thread.join()
+    assert not alive, "a repeated GetOptions waited for the event loop"
+    assert answers == [first]
+    assert first.nodeGroupAutoscalingOptions.scaleDownGpuUtilizationThreshold == 0.9
+    other = await s.stub.NodeGroupGetOptions(request(ca_134), timeout=TIMEOUT)
+    assert other.nodeGroupAutoscalingOptions.scaleDownGpuUtilizationThreshold == 0.7
+    assert other.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == 0.4

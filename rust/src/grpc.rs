@@ -32,7 +32,7 @@ const UNIMPLEMENTED: u8 = 12;
 const RESOURCE_EXHAUSTED: u8 = 8;
 const PERMISSION_DENIED: u8 = 7;
 const DEADLINE_EXCEEDED: u8 = 4;
-const DEADLINE_HEADSTART: Duration = Duration::from_millis(1);
+const HEADSTART: Duration = Duration::from_millis(1);
 
 /// Per connection: None when the client may call CloudProvider, else why not.
 #[derive(Clone, Default)]
@@ -114,15 +114,18 @@ impl Core {
             }
         }
         let forwarded = self.bridge.forward(method, &message, timeout, id);
-        let Some(timeout) = timeout else {
-            return forwarded.await;
+        let answer = match timeout {
+            None => forwarded.await,
+            // Answered a moment before tonic's own deadline timer would end the call as
+            // CANCELLED: an expired deadline is DEADLINE_EXCEEDED, as from any gRPC server.
+            Some(timeout) => tokio::time::timeout(timeout.saturating_sub(HEADSTART), forwarded)
+                .await
+                .unwrap_or_else(|_| status(DEADLINE_EXCEEDED, "Deadline Exceeded")),
         };
-        // Answered a moment before tonic's own deadline timer would end the call as CANCELLED:
-        // an expired deadline is DEADLINE_EXCEEDED, as from any gRPC server.
-        let budget = timeout.saturating_sub(DEADLINE_HEADSTART);
-        tokio::time::timeout(budget, forwarded)
-            .await
-            .unwrap_or_else(|_| status(DEADLINE_EXCEEDED, "Deadline Exceeded"))
+        if let Some(hot) = self.hot[method] {
+            self.snapshot.remember(hot, message, &answer);
+        }
+        answer
     }
 }
 

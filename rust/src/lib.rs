@@ -140,6 +140,15 @@ impl Server {
         Ok(())
     }
 
+    /// From now on, OK answers Python gives to `method` are kept by request bytes and served
+    /// again for the same bytes: Python declares them a pure function of the request.
+    fn memoize(&self, method: &str) -> PyResult<()> {
+        let hot = Hot::from_method(method)
+            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        self.core.snapshot.set_memoized(hot);
+        Ok(())
+    }
+
     /// Per method index: (count per status code, observations per bucket, sum of seconds).
     fn rpc_stats(&self, method: usize) -> PyResult<stats::Reading> {
         if method >= self.core.hot.len() {

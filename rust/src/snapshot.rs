@@ -3,7 +3,8 @@
 //! anything else is a miss and goes to Python.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -54,11 +55,17 @@ impl Hot {
 }
 
 const TABLES: usize = 5;
+/// Distinct requests remembered per RPC before the memo starts over (CA sends one set of
+/// GetOptions defaults per CA version, so a handful per group in practice).
+const MEMO_LIMIT: usize = 1024;
 
 /// Each part swaps on its own, so publishing the targets does not copy the node index.
 pub struct Snapshot {
     index: ArcSwap<Option<NodeIndex>>,
     tables: [ArcSwap<Table>; TABLES],
+    /// RPCs whose OK answers Python declared a pure function of the request bytes.
+    memoized: [AtomicBool; TABLES],
+    memo: [RwLock<HashMap<Bytes, Answer>>; TABLES],
 }
 
 impl Default for Snapshot {
@@ -66,6 +73,8 @@ impl Default for Snapshot {
         Snapshot {
             index: ArcSwap::from_pointee(None),
             tables: std::array::from_fn(|_| ArcSwap::from_pointee(Table::new())),
+            memoized: std::array::from_fn(|_| AtomicBool::new(false)),
+            memo: std::array::from_fn(|_| RwLock::new(HashMap::new())),
         }
     }
 }
@@ -79,15 +88,39 @@ impl Snapshot {
         self.tables[hot.slot()].store(Arc::new(table));
     }
 
+    pub fn set_memoized(&self, hot: Hot) {
+        self.memoized[hot.slot()].store(true, Relaxed);
+    }
+
     /// The prepared answer to `request`, or None (a miss: Python answers).
-    pub fn answer(&self, hot: Hot, request: &[u8]) -> Option<Answer> {
+    pub fn answer(&self, hot: Hot, request: &Bytes) -> Option<Answer> {
         let key = match hot {
             Hot::ForNode => return self.for_node(wire::provider_id(request)?),
             Hot::NodeGroups | Hot::GpuLabel => wire::empty(request).map(|()| "")?,
             Hot::TargetSize => wire::group_id(request)?,
             Hot::GetOptions => wire::options_group_id(request)?,
         };
-        self.tables[hot.slot()].load().get(key).cloned()
+        if let Some(answer) = self.tables[hot.slot()].load().get(key) {
+            return Some(answer.clone());
+        }
+        if !self.memoized[hot.slot()].load(Relaxed) {
+            return None;
+        }
+        let memo = self.memo[hot.slot()].read().ok()?;
+        memo.get(request).cloned()
+    }
+
+    /// Keeps Python's OK answer to `request` if the RPC is memoized.
+    pub fn remember(&self, hot: Hot, request: Bytes, answer: &Answer) {
+        if !self.memoized[hot.slot()].load(Relaxed) || !matches!(answer, Answer::Ok(_)) {
+            return;
+        }
+        if let Ok(mut memo) = self.memo[hot.slot()].write() {
+            if memo.len() >= MEMO_LIMIT {
+                memo.clear();
+            }
+            memo.insert(request, answer.clone());
+        }
     }
 
     /// The exact spelling first, then the canonical one (engine/providerid.py's rules).

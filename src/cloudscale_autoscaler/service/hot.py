@@ -8,9 +8,10 @@ when a background creation or deletion finished. Only what changed is published 
 node index after a rebuild or an added entry, the target sizes when one moved.
 
 What is published is exactly what the servicer would answer; anything else (an unknown group,
-GetOptions whose answer depends on the defaults CA sends, the target of a group with
-failed-creation placeholders, whose expiry moves it with time alone) is left out, and the
-transport forwards such calls here.
+the target of a group with failed-creation placeholders, whose expiry moves it with time
+alone) is left out, and the transport forwards such calls here. GetOptions whose answer
+depends on the defaults CA sends is answered here once per distinct request, then by the
+transport from that answer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class AnswerSink(Protocol):
 
     def publish_answers(self, method: str, answers: Mapping[str, Published]) -> None: ...
 
+    def memoize(self, method: str) -> None: ...
+
 
 class HotAnswers:
     def __init__(self, service: CloudProviderService, sink: AnswerSink) -> None:
@@ -44,6 +47,10 @@ class HotAnswers:
         for method, answer in service.constant_answers().items():
             sink.publish_answers(method, {"": answer.SerializeToString()})
         sink.publish_answers("NodeGroupGetOptions", self._options())
+        # Where the answer depends on the defaults CA sends, it is still a pure function of
+        # the request (the group's config never changes while serving): the transport keeps
+        # each answer for the exact request bytes it was given for.
+        sink.memoize("NodeGroupGetOptions")
 
     def publish(self) -> None:
         index = self._engine.provider_index()

@@ -3,8 +3,10 @@ the servicer, the TLS files, allowedClients, logging and metrics.
 
 The transport owns the port: CloudProvider, grpc health and reflection, mutual TLS (rustls).
 It answers NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions and GPULabel
-from answers Python publishes (`RunningServer.publish_*`, see service/hot.py) and forwards
-every other call, and every call it has no answer for, to `calls.Calls` on the event loop.
+from answers Python publishes (`RunningServer.publish_*`, see service/hot.py), or from the
+answers Python gave before to the same request bytes where Python declared an RPC's answers a
+pure function of the request (`memoize`), and forwards every other call, and every call it
+has no answer for, to `calls.Calls` on the event loop.
 
 TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
 transport checks the files through `ReloadingCredentials` before each new handshake (at most
@@ -148,6 +150,9 @@ class RunningServer:
 
     def publish_answers(self, method: str, answers: Mapping[str, bytes | tuple[int, str]]) -> None:
         self._server.publish_answers(method, answers)
+
+    def memoize(self, method: str) -> None:
+        self._server.memoize(method)
 
     def rpc_readings(self) -> list[RpcReading]:
         readings = []

@@ -311,3 +311,10 @@ async def test_sigterm_stops_serve_gracefully(
     assert code == 0, "".join(seen)
     assert any("SIGTERM" in line for line in seen)
     assert any("gRPC server stopped" in line for line in seen)
+
+
+async def test_a_second_stop_waits_for_the_first(pki: PKI) -> None:
+    config = make_config(pki)
+    running = await start_server(config, StandInServicer(config), reload_interval=0)
+    await asyncio.wait_for(asyncio.gather(running.stop(1), running.stop(1)), 10)
+    await running.stop(1)  # and a late one returns at once

@@ -120,6 +120,7 @@ class RunningServer:
         except OSError as exc:
             raise ListenError(f"listen {address!r}: {exc}") from None
         self.port: int = self._server.port
+        self._stopped: asyncio.Future[None] | None = None
         self._server.set_debug(logging.getLogger(Calls.__module__).isEnabledFor(logging.DEBUG))
 
     def cert_not_after(self) -> float | None:
@@ -163,20 +164,23 @@ class RunningServer:
         return readings
 
     async def stop(self, grace: float | None = DEFAULT_GRACE_SECONDS) -> None:
-        loop = asyncio.get_running_loop()
-        stopped = loop.create_future()
+        """Drain and stop; a second call waits for the first one's drain."""
+        if self._stopped is None:
+            loop = asyncio.get_running_loop()
+            stopped = self._stopped = loop.create_future()
 
-        def done() -> None:
-            if not stopped.done():
-                stopped.set_result(None)
+            def done() -> None:
+                if not stopped.done():
+                    stopped.set_result(None)
 
-        def on_stopped() -> None:  # on the transport's thread
-            loop.call_soon_threadsafe(done)
+            def on_stopped() -> None:  # on the transport's thread
+                loop.call_soon_threadsafe(done)
 
-        self._server.stop(grace or 0.0, on_stopped)
-        await stopped
-        self._calls.cancel_all()
-        log.info("gRPC server stopped")
+            self._server.stop(grace or 0.0, on_stopped)
+            await stopped
+            self._calls.cancel_all()
+            log.info("gRPC server stopped")
+        await self._stopped
 
 
 def _admission(config: Config) -> Any:

@@ -5,6 +5,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -110,7 +111,7 @@ pub fn start(
     tls: Tls,
     descriptors: &'static [u8],
     stop: Stop,
-) -> PyResult<()> {
+) -> PyResult<JoinHandle<()>> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(descriptors)
         .build_v1alpha()
@@ -118,51 +119,77 @@ pub fn start(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("grpc-transport".into())
         .spawn(move || {
-            runtime.block_on(async move {
-                let listener = TcpListener::from_std(listener).expect("inside the runtime");
-                let (mut health_reporter, health) = tonic_health::server::health_reporter();
-                health_reporter
-                    .set_service_status(SERVICE, ServingStatus::Serving)
-                    .await;
-                let (connections, incoming) = mpsc::channel(64);
-                let accepting = tokio::spawn(accept(listener, core.clone(), tls, connections));
-                let (drain, draining) = oneshot::channel::<()>();
-                let serving = tokio::spawn(
-                    tonic::transport::Server::builder()
-                        .add_service(health)
-                        .add_service(reflection)
-                        .add_service(CloudProvider(core))
-                        .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async {
-                            let _ = draining.await;
-                        }),
-                );
-                let (grace, on_stopped) = stop
-                    .await
-                    .unwrap_or_else(|_| (Duration::ZERO, Python::with_gil(|py| py.None())));
-                for service in ["", SERVICE] {
-                    health_reporter
-                        .set_service_status(service, ServingStatus::NotServing)
-                        .await;
-                }
-                accepting.abort();
-                let _ = drain.send(());
-                let abort = serving.abort_handle();
-                if tokio::time::timeout(grace, serving).await.is_err() {
-                    abort.abort(); // the grace is over: cut what is still running
-                }
+            let on_stopped = runtime.block_on(serve(listener, core, tls, reflection, stop));
+            // Every task (and what it holds of Python's) goes before Python hears of the stop:
+            // once told, Python may finalize, and this thread must not need the GIL again.
+            drop(runtime);
+            if let Some(on_stopped) = on_stopped {
                 Python::with_gil(|py| {
-                    if !on_stopped.is_none(py) {
-                        if let Err(error) = on_stopped.call0(py) {
-                            error.write_unraisable(py, None);
-                        }
+                    if let Err(error) = on_stopped.call0(py) {
+                        error.write_unraisable(py, None);
                     }
                 });
-            });
+            }
         })?;
-    Ok(())
+    Ok(thread)
+}
+
+/// Serves until told to stop (or until the Python object is gone), then drains; returns
+/// what to call once stopped.
+async fn serve<R>(
+    listener: std::net::TcpListener,
+    core: Arc<Core>,
+    tls: Tls,
+    reflection: R,
+    stop: Stop,
+) -> Option<PyObject>
+where
+    R: tower_service::Service<
+            http::Request<tonic::body::BoxBody>,
+            Response = http::Response<tonic::body::BoxBody>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + 'static,
+    R::Future: Send + 'static,
+{
+    let listener = TcpListener::from_std(listener).expect("inside the runtime");
+    let (mut health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_service_status(SERVICE, ServingStatus::Serving)
+        .await;
+    let (connections, incoming) = mpsc::channel(64);
+    let accepting = tokio::spawn(accept(listener, core.clone(), tls, connections));
+    let (drain, draining) = oneshot::channel::<()>();
+    let serving = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(CloudProvider(core))
+            .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async {
+                let _ = draining.await;
+            }),
+    );
+    let (grace, on_stopped) = match stop.await {
+        Ok((grace, on_stopped)) => (grace, Some(on_stopped)),
+        Err(_) => (Duration::ZERO, None),
+    };
+    for service in ["", SERVICE] {
+        health_reporter
+            .set_service_status(service, ServingStatus::NotServing)
+            .await;
+    }
+    accepting.abort();
+    let _ = drain.send(());
+    let abort = serving.abort_handle();
+    if tokio::time::timeout(grace, serving).await.is_err() {
+        abort.abort(); // the grace is over: cut what is still running
+    }
+    on_stopped
 }
 
 async fn accept(

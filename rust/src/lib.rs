@@ -32,6 +32,7 @@ struct Server {
     core: Arc<grpc::Core>,
     tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
     stop: Mutex<Option<oneshot::Sender<(Duration, PyObject)>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     #[pyo3(get)]
     port: u16,
 }
@@ -77,11 +78,12 @@ impl Server {
         let (stop, stopped) = oneshot::channel();
         // Reflection keeps the descriptors for the life of the process (one server per process).
         let descriptors: &'static [u8] = Box::leak(descriptors.into_boxed_slice());
-        io::start(listener, core.clone(), tls.clone(), descriptors, stopped)?;
+        let thread = io::start(listener, core.clone(), tls.clone(), descriptors, stopped)?;
         Ok(Server {
             core,
             tls,
             stop: Mutex::new(Some(stop)),
+            thread: Mutex::new(Some(thread)),
             port,
         })
     }
@@ -155,6 +157,15 @@ impl Server {
             return Err(PyValueError::new_err("no such method"));
         }
         Ok(self.core.stats.read(method))
+    }
+
+    /// Waits for the server's thread to end (after `on_stopped` was called). Python must not
+    /// finalize before: the thread still returns from that call, which needs the GIL.
+    fn join(&self, py: Python<'_>) {
+        let thread = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some(thread) = thread {
+            let _ = py.allow_threads(|| thread.join());
+        }
     }
 
     /// Health NOT_SERVING, no new connections, in-flight calls get `grace` seconds; then

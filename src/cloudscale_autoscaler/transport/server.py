@@ -178,6 +178,9 @@ class RunningServer:
 
             self._server.stop(grace or 0.0, on_stopped)
             await stopped
+            # The transport's thread is returning from on_stopped (a moment): once it has,
+            # the process may exit without the thread needing Python again.
+            self._server.join()
             self._calls.cancel_all()
             log.info("gRPC server stopped")
         await self._stopped

@@ -104,16 +104,21 @@ impl AsyncWrite for Io {
 type Tls = Option<Arc<ArcSwap<rustls::ServerConfig>>>;
 type Stop = oneshot::Receiver<(Duration, PyObject)>;
 
+/// What the serving thread needs besides the listener.
+pub struct Setup {
+    pub core: Arc<Core>,
+    pub tls: Tls,
+    pub descriptors: &'static [u8],
+    pub max_connection_age: Option<Duration>,
+    /// Health status changes Python asks for: (service, serving).
+    pub health: mpsc::UnboundedReceiver<(String, bool)>,
+    pub stop: Stop,
+}
+
 /// Builds the services and serves on a thread of its own until told to stop.
-pub fn start(
-    listener: std::net::TcpListener,
-    core: Arc<Core>,
-    tls: Tls,
-    descriptors: &'static [u8],
-    stop: Stop,
-) -> PyResult<JoinHandle<()>> {
+pub fn start(listener: std::net::TcpListener, setup: Setup) -> PyResult<JoinHandle<()>> {
     let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(descriptors)
+        .register_encoded_file_descriptor_set(setup.descriptors)
         .build_v1alpha()
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -122,7 +127,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("grpc-transport".into())
         .spawn(move || {
-            let on_stopped = runtime.block_on(serve(listener, core, tls, reflection, stop));
+            let on_stopped = runtime.block_on(serve(listener, setup, reflection));
             // Every task (and what it holds of Python's) goes before Python hears of the stop:
             // once told, Python may finalize, and this thread must not need the GIL again.
             drop(runtime);
@@ -139,13 +144,7 @@ pub fn start(
 
 /// Serves until told to stop (or until the Python object is gone), then drains; returns
 /// what to call once stopped.
-async fn serve<R>(
-    listener: std::net::TcpListener,
-    core: Arc<Core>,
-    tls: Tls,
-    reflection: R,
-    stop: Stop,
-) -> Option<PyObject>
+async fn serve<R>(listener: std::net::TcpListener, setup: Setup, reflection: R) -> Option<PyObject>
 where
     R: tower_service::Service<
             http::Request<tonic::body::BoxBody>,
@@ -157,17 +156,40 @@ where
         + 'static,
     R::Future: Send + 'static,
 {
+    let Setup {
+        core,
+        tls,
+        max_connection_age,
+        mut health,
+        stop,
+        ..
+    } = setup;
     let listener = TcpListener::from_std(listener).expect("inside the runtime");
-    let (mut health_reporter, health) = tonic_health::server::health_reporter();
+    let (mut health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_service_status(SERVICE, ServingStatus::Serving)
         .await;
+    let mut reporter = health_reporter.clone();
+    let following = tokio::spawn(async move {
+        while let Some((service, serving)) = health.recv().await {
+            let status = if serving {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(service, status).await;
+        }
+    });
     let (connections, incoming) = mpsc::channel(64);
     let accepting = tokio::spawn(accept(listener, core.clone(), tls, connections));
     let (drain, draining) = oneshot::channel::<()>();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(age) = max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
     let serving = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
+        builder
+            .add_service(health_service)
             .add_service(reflection)
             .add_service(CloudProvider(core))
             .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async {
@@ -178,6 +200,7 @@ where
         Ok((grace, on_stopped)) => (grace, Some(on_stopped)),
         Err(_) => (Duration::ZERO, None),
     };
+    following.abort();
     for service in ["", SERVICE] {
         health_reporter
             .set_service_status(service, ServingStatus::NotServing)

@@ -32,6 +32,7 @@ struct Server {
     core: Arc<grpc::Core>,
     tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
     stop: Mutex<Option<oneshot::Sender<(Duration, PyObject)>>>,
+    health: tokio::sync::mpsc::UnboundedSender<(String, bool)>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     #[pyo3(get)]
     port: u16,
@@ -45,7 +46,8 @@ fn tls_config(pems: (Vec<u8>, Vec<u8>, Vec<u8>)) -> PyResult<rustls::ServerConfi
 impl Server {
     /// Binds `listen` and starts serving on a thread of its own.
     #[new]
-    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix))]
+    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix, max_connection_age))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         listen: &str,
         methods: Vec<String>,
@@ -54,6 +56,7 @@ impl Server {
         tls: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
         hooks: &Bound<'_, PyAny>,
         id_prefix: String,
+        max_connection_age: Option<f64>,
     ) -> PyResult<Server> {
         let optional = |name: &str| -> PyResult<Option<PyObject>> {
             let value = hooks.getattr(name)?;
@@ -78,12 +81,23 @@ impl Server {
         let (stop, stopped) = oneshot::channel();
         // Reflection keeps the descriptors for the life of the process (one server per process).
         let descriptors: &'static [u8] = Box::leak(descriptors.into_boxed_slice());
-        let thread = io::start(listener, core.clone(), tls.clone(), descriptors, stopped)?;
+        let (health, health_changes) = tokio::sync::mpsc::unbounded_channel();
+        let setup = io::Setup {
+            core: core.clone(),
+            tls: tls.clone(),
+            descriptors,
+            max_connection_age: max_connection_age
+                .and_then(|s| Duration::try_from_secs_f64(s).ok()),
+            health: health_changes,
+            stop: stopped,
+        };
+        let thread = io::start(listener, setup)?;
         Ok(Server {
             core,
             tls,
             stop: Mutex::new(Some(stop)),
             thread: Mutex::new(Some(thread)),
+            health,
             port,
         })
     }
@@ -95,6 +109,11 @@ impl Server {
         };
         current.store(Arc::new(tls_config((cert, key, client_ca))?));
         Ok(())
+    }
+
+    /// gRPC health's status of `service` ("" is the whole server).
+    fn set_health(&self, service: String, serving: bool) {
+        let _ = self.health.send((service, serving)); // gone once stopped: nothing to tell
     }
 
     fn set_debug(&self, on: bool) {

@@ -51,6 +51,9 @@ from cloudscale_autoscaler.transport.tls import (
 log = logging.getLogger(__name__)
 
 MAX_RECEIVE_BYTES: int = _transport.MAX_RECEIVE_BYTES
+RPC_NAMES: tuple[str, ...] = tuple(
+    m.name for m in pb.DESCRIPTOR.services_by_name["CloudProvider"].methods
+)
 DEFAULT_GRACE_SECONDS = 25.0
 
 
@@ -94,7 +97,12 @@ class _Hooks:
 
 class RunningServer:
     def __init__(
-        self, config: Config, calls: Calls, address: str, credentials: ReloadingCredentials | None
+        self,
+        config: Config,
+        calls: Calls,
+        address: str,
+        credentials: ReloadingCredentials | None,
+        max_connection_age: float | None,
     ) -> None:
         self._calls = calls
         self._credentials = credentials
@@ -116,6 +124,7 @@ class RunningServer:
                 None if self._served is None else _pems(self._served),
                 hooks,
                 secrets.token_hex(3),  # keeps request ids of replicas and restarts apart
+                max_connection_age,
             )
         except OSError as exc:
             raise ListenError(f"listen {address!r}: {exc}") from None
@@ -142,6 +151,10 @@ class RunningServer:
                 self._served = material
         except Exception:  # a failure here must not fail the handshake that asked
             log.exception("TLS certificate reload failed; keeping the current certificate")
+
+    def set_health(self, service: str, serving: bool) -> None:
+        """gRPC health's status of `service` ("" is the whole server)."""
+        self._server.set_health(service, serving)
 
     def set_after_call(self, after_call: Any) -> None:
         self._calls.after_call = after_call
@@ -209,15 +222,17 @@ async def start_server(
     *,
     listen: str | None = None,
     reload_interval: float = DEFAULT_MIN_INTERVAL,
+    max_connection_age: float | None = None,
 ) -> RunningServer:
     """Bind `listen` (default config.listen; port 0 picks a free one) and start serving.
 
     Raises TLSFileError (bad certificate files), ListenError or ValueError (TLS not configured,
-    or material the TLS library refuses).
+    or material the TLS library refuses). With `max_connection_age` (seconds), connections
+    are sent GOAWAY after that age, their calls in flight finishing.
     """
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
-    running = RunningServer(config, Calls(servicer), address, credentials)
+    running = RunningServer(config, Calls(servicer), address, credentials, max_connection_age)
     if credentials is None:
         log.warning(
             "SERVING gRPC WITHOUT TLS (tls.insecure: true): anyone who can reach %s can "

@@ -4,7 +4,10 @@ exactly what the servicer answers, right after every change (CA calls one at a t
 
 from __future__ import annotations
 
+import asyncio
+import math
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -220,3 +223,41 @@ async def test_get_options_depending_on_defaults_is_kept_per_request(
     other = await s.stub.NodeGroupGetOptions(request(ca_134), timeout=TIMEOUT)
     assert other.nodeGroupAutoscalingOptions.scaleDownGpuUtilizationThreshold == 0.7
     assert other.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == 0.4
+
+
+def _answered_with_loop_blocked(stub: pb_grpc.CloudProviderStub) -> bool:
+    """Whether a hot RPC is answered while the event loop is blocked (by the caller)."""
+    request = pb.NodeGroupTargetSizeRequest(id="workers")
+    try:
+        stub.NodeGroupTargetSize(request, timeout=1.0)
+        return True
+    except grpc.RpcError:
+        return False
+
+
+def _blocking(call: Any) -> Any:
+    """Runs `call` on a thread while this (the event loop's) thread waits for it."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+async def test_hot_answers_follow_the_serving_deadline(stack: StackFactory, pki: PKI) -> None:
+    """With leader election the transport answers by itself only until the deadline the
+    last Lease renewal set (on its own clock); after it, or on a standby, every call goes to
+    Python, whose gate refuses it."""
+    s, _ = await two_groups(stack)
+    channel, stub = sync_stub(pki, s.address)
+    with channel:
+        assert _blocking(lambda: _answered_with_loop_blocked(stub))
+        s.server.serve_until(-math.inf)  # a standby
+        assert not _blocking(lambda: _answered_with_loop_blocked(stub))
+        s.server.serve_until(time.monotonic() + 30)  # renewed
+        assert _blocking(lambda: _answered_with_loop_blocked(stub))
+        s.server.serve_until(time.monotonic() + 0.2)  # not renewed in time
+        await asyncio.sleep(0.3)
+        assert not _blocking(lambda: _answered_with_loop_blocked(stub))
+        s.server.serve_until(math.inf)
+        assert _blocking(lambda: _answered_with_loop_blocked(stub))

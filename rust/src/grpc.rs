@@ -40,8 +40,35 @@ pub struct Peer {
     pub denial: Option<Arc<str>>,
 }
 
+/// Until when this replica serves (leader election): hot answers only while it does; a call
+/// outside goes to Python, whose gate refuses it with the reason.
+pub struct Gate {
+    base: Instant,
+    /// Nanoseconds after `base`; u64::MAX: always (no leader election).
+    until: AtomicU64,
+}
+
+impl Gate {
+    pub fn serve_for(&self, seconds: f64) {
+        let until = if seconds == f64::INFINITY {
+            u64::MAX
+        } else {
+            let from_now = Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::ZERO);
+            let at = self.base.elapsed() + from_now;
+            u64::try_from(at.as_nanos()).unwrap_or(u64::MAX - 1)
+        };
+        self.until.store(until, Relaxed);
+    }
+
+    fn open(&self) -> bool {
+        let until = self.until.load(Relaxed);
+        until == u64::MAX || (self.base.elapsed().as_nanos() as u64) < until
+    }
+}
+
 pub struct Core {
     pub by_path: HashMap<String, usize>,
+    pub gate: Gate,
     pub hot: Vec<Option<Hot>>,
     pub snapshot: Snapshot,
     pub stats: Stats,
@@ -60,6 +87,10 @@ impl Core {
                 .map(|(i, name)| (format!("/{SERVICE}/{name}"), i))
                 .collect(),
             hot: methods.iter().map(|name| Hot::from_method(name)).collect(),
+            gate: Gate {
+                base: Instant::now(),
+                until: AtomicU64::new(u64::MAX),
+            },
             snapshot: Snapshot::default(),
             stats: Stats::new(methods.len(), bounds),
             bridge,
@@ -108,7 +139,7 @@ impl Core {
             Ok(message) => message,
             Err(refusal) => return refusal,
         };
-        if let Some(hot) = self.hot[method] {
+        if let Some(hot) = self.hot[method].filter(|_| self.gate.open()) {
             if let Some(answer) = self.snapshot.answer(hot, &message) {
                 return answer;
             }

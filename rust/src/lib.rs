@@ -116,6 +116,11 @@ impl Server {
         let _ = self.health.send((service, serving)); // gone once stopped: nothing to tell
     }
 
+    /// Hot answers for `seconds` from now on (inf: always; 0 or less: not until told).
+    fn set_serving_for(&self, seconds: f64) {
+        self.core.gate.serve_for(seconds);
+    }
+
     fn set_debug(&self, on: bool) {
         self.core
             .debug

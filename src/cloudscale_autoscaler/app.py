@@ -145,6 +145,18 @@ def _follow_serving(serving: Serving, server: RunningServer) -> None:
     update(serving.active)
 
 
+def _follow_deadline(serving: Serving, server: RunningServer, hot: HotAnswers) -> None:
+    """The transport answers by itself only while the gate is open: each Lease renewal moves
+    its deadline. The answers are published first (a takeover has just loaded the inventory)."""
+
+    def follow(until: float) -> None:
+        hot.publish()
+        server.serve_until(until)
+
+    serving.follow_deadline(follow)
+    follow(serving.until)
+
+
 def _not_ready(provider: Provider) -> str | None:
     refusal = provider.serving.refusal()
     if refusal is not None:
@@ -189,13 +201,12 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
         await provider.aclose()
         raise
     provider.metrics.track_rpcs(server.rpc_readings)
-    if not _elects(provider):
-        # With leader election every call goes through the serving gate in Python (the
-        # Lease renewals that keep it open move no event a snapshot could follow).
-        hot = HotAnswers(provider.service, server)
-        hot.publish()
-        server.set_after_call(hot.publish)
-        provider.service.engine.on_change = hot.publish
+    hot = HotAnswers(provider.service, server)
+    hot.publish()
+    server.set_after_call(hot.publish)
+    provider.service.engine.on_change = hot.publish
+    if _elects(provider):
+        _follow_deadline(provider.serving, server, hot)
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     if _elects(provider):
         _follow_serving(provider.serving, server)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 Listener = Callable[[bool], None]
+DeadlineListener = Callable[[float], None]
 
 
 class Serving:
@@ -27,6 +28,7 @@ class Serving:
         self._until = math.inf if not lease else -math.inf
         self.leader: str | None = None  # the holder last seen, when that is not us
         self._listeners: list[Listener] = []
+        self._deadline_listeners: list[DeadlineListener] = []
 
     @property
     def until(self) -> float:
@@ -56,6 +58,7 @@ class Serving:
         was = self.active
         self._until = deadline
         self.leader = None
+        self._new_deadline()
         if not was and self.active:
             log.info("serving the CloudProvider RPCs as leader (Lease %s)", self.lease)
             self._notify(True)
@@ -65,6 +68,7 @@ class Serving:
         was = self.active
         self._until = -math.inf
         self.leader = leader
+        self._new_deadline()
         if was:
             log.warning("stopped serving: standby now, leader %s", leader or "unknown")
             self._notify(False)
@@ -72,6 +76,15 @@ class Serving:
     def subscribe(self, listener: Listener) -> None:
         """Called with True when the gate opens and False when it closes by stand_by."""
         self._listeners.append(listener)
+
+    def follow_deadline(self, listener: DeadlineListener) -> None:
+        """Called with `until` whenever it is set (each Lease renewal, a stand-by): for a
+        transport answering from a snapshot, which checks the deadline with its own clock."""
+        self._deadline_listeners.append(listener)
+
+    def _new_deadline(self) -> None:
+        for listener in self._deadline_listeners:
+            listener(self._until)
 
     def _notify(self, serving: bool) -> None:
         for listener in self._listeners:

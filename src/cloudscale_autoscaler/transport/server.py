@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +156,11 @@ class RunningServer:
     def set_health(self, service: str, serving: bool) -> None:
         """gRPC health's status of `service` ("" is the whole server)."""
         self._server.set_health(service, serving)
+
+    def serve_until(self, until: float) -> None:
+        """Answer from the published answers until this time.monotonic() value (inf: always);
+        outside it every call goes to the servicer (leader election's gate)."""
+        self._server.set_serving_for(until - time.monotonic())
 
     def set_after_call(self, after_call: Any) -> None:
         self._calls.after_call = after_call

@@ -359,6 +359,21 @@ async def test_network_names_are_resolved_once(stack: StackFactory) -> None:
     assert [srv["interfaces"][0]["network"]["uuid"] for srv in servers] == [NODES_LPG] * 2
 
 
+async def test_rejected_token_while_listing_networks_is_permission_denied(
+    stack: StackFactory,
+) -> None:
+    s = await stack(groups=[group("workers", 0, 5, interfaces=(NetworkInterface("k8s-nodes"),))])
+    await s.admin.set_faults({"error_rate": {"list_networks": {"rate": 1.0, "status": 401}}})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
+    # No retry fixes a rejected token: CA must see it as such, not as an outage.
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED, caught.value.details()
+    details = caught.value.details() or ""
+    assert details.startswith("node group workers: listing networks to resolve network names")
+    assert "HTTP 401" in details
+    assert await s.target("workers") == 0
+
+
 # --- check-config --online ------------------------------------------------------------------
 
 

@@ -15,7 +15,8 @@ from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import InterfaceRequest, Network
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import NetworkInterface, NodeGroupConfig
-from cloudscale_autoscaler.engine.errors import CloudUnavailable, FailedPrecondition
+from cloudscale_autoscaler.engine import refusals
+from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.validation import uuid_error
 
 
@@ -66,9 +67,10 @@ class NetworkResolver:
             try:
                 networks = await self._cloud.list_networks()
             except CloudError as error:
-                raise CloudUnavailable(
+                raise refusals.rpc_error(
+                    error,
                     f"node group {group.name}: listing networks to resolve network names "
-                    f"failed: {error}"
+                    f"failed: {error}",
                 ) from error
         resolved: list[InterfaceRequest] = []
         for index, interface in enumerate(group.interfaces):

@@ -21,6 +21,7 @@ from test_check_config import write_config
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.config import ConfigError, PricingConfig
 from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.echo import ECHO_LIMIT
 from cloudscale_autoscaler.engine.pricing import (
     Offer,
     cheapest_pod_price,
@@ -539,6 +540,13 @@ async def test_pod_price_errors(stack: StackFactory) -> None:
     assert caught.value.details() == (
         "pod default/p: no node group has nodes with all it requests (cpu=1, nvidia.com/gpu=1)"
     )
+    # A client-supplied resource name is echoed clipped, not whole.
+    huge = pod([container(cpu="1", **{"example.com/" + "x" * 100_000: "1"})])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(huge, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = caught.value.details() or ""
+    assert len(details) < ECHO_LIMIT + 200 and "characters)" in details
     bad = pod([container(cpu="lots")])
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await s.stub.PricingPodPrice(pod_request(bad, 3600, old=False, new=True))

@@ -235,7 +235,7 @@ class Pricer:
             raise InvalidArgument(f"pod {_pod_name(pod)}: {clip(str(error))}") from error
         price = cheapest_pod_price(requests, await self._current_offers(), seconds)
         if price is None:
-            wanted = ", ".join(f"{k}={float(v):g}" for k, v in sorted(requests.items()))
+            wanted = clip(", ".join(f"{k}={float(v):g}" for k, v in sorted(requests.items())))
             raise FailedPrecondition(
                 f"pod {_pod_name(pod)}: no node group has nodes with all it requests ({wanted})"
             )

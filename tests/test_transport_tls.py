@@ -141,6 +141,17 @@ def test_allowed_clients_denial_names_the_client() -> None:
     assert "cluster-autoscaler" not in message
 
 
+def test_allowed_clients_denial_is_bounded() -> None:
+    """A certificate with many long DNS SANs gets a short denial: the first few, clipped,
+    and how many more."""
+    sans = [f"{'s' * 5000}-{i}.example" for i in range(2000)]
+    message = AllowedClients(["cluster-autoscaler"]).decide(["mallory"], sans)
+    assert message is not None
+    assert len(message) < 4 * 1024
+    assert "'mallory'" in message and "and 1997 more" in message
+    assert "is not in tls.allowedClients" in message
+
+
 def _handshake(port: int, context: ssl.SSLContext) -> tuple[str | None, bytes]:
     with (
         socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw,

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 # Distinct client identities remembered before the cache starts over.
 MAX_CACHED_IDENTITIES = 1024
+# Names of each kind a denial shows; the rest are counted, so the message stays bounded.
+SHOWN_NAMES = 3
 
 
 class AllowedClients:
@@ -48,11 +50,19 @@ class AllowedClients:
     def _evaluate(self, cns: tuple[str, ...], sans: tuple[str, ...]) -> str | None:
         if any(name.lower() in self._allowed for name in (*cns, *sans)):
             return None
-        cns, sans = tuple(clip(n) for n in cns), tuple(clip(n) for n in sans)
         if not cns and not sans:
             return "the client certificate names no CN or DNS SAN; tls.allowedClients needs one"
-        who = cns[0] if cns else sans[0]
+        who = clip(cns[0] if cns else sans[0])
         return (
-            f"client {who!r} (certificate CN {list(cns) or '-'}, DNS SANs {list(sans) or '-'}) "
+            f"client {who!r} (certificate CN {_names(cns)}, DNS SANs {_names(sans)}) "
             "is not in tls.allowedClients"
         )
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """The first SHOWN_NAMES names, each clipped, and how many more there are."""
+    if not names:
+        return "-"
+    shown = [clip(name) for name in names[:SHOWN_NAMES]]
+    more = len(names) - len(shown)
+    return f"{shown} and {more} more" if more else str(shown)

@@ -5,13 +5,14 @@ exactly what the servicer answers, right after every change (CA calls one at a t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
 from typing import Any
 
 import grpc
-from fixtures.stack import Stack, StackFactory, group, group_tags
+from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
 from fixtures.tls import PKI
 
 from cloudscale_autoscaler.config import AutoscalingOptions
@@ -174,6 +175,29 @@ async def test_answers_follow_every_change_at_once(stack: StackFactory) -> None:
     except grpc.aio.AioRpcError as error:
         assert error.code() == grpc.StatusCode.NOT_FOUND
         assert "'nope'" in (error.details() or "")
+
+
+async def test_target_drops_when_the_deletion_tag_lands_while_the_delete_is_held(
+    stack: StackFactory,
+) -> None:
+    s, ids = await two_groups(stack)
+    # The tag lands after DeleteNodes gave up (its caller's deadline); the DELETE is held long
+    # after that. Nothing else is forwarded meanwhile: only TargetSize, which is hot.
+    await s.admin.set_faults(
+        {"latency": {"patch_server": {"fixed_ms": 2500}, "delete_server": {"fixed_ms": 10000}}}
+    )
+    request = pb.NodeGroupDeleteNodesRequest(
+        id="workers", nodes=[pb.ExternalGrpcNode(providerID=ids[0])]
+    )
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await s.stub.NodeGroupDeleteNodes(request, timeout=1.0)
+
+    async def lowered() -> bool:
+        return await s.target("workers") == 1
+
+    await wait_until(lowered, 8.0, "TargetSize kept the server whose deletion was requested")
+    assert (await s.cloud_in_flight()).get("delete_server") == 1  # the DELETE is still held
+    assert len(await s.cloud_servers("workers")) == 2
 
 
 async def test_get_options_without_overrides_is_unimplemented_with_the_engine_message(

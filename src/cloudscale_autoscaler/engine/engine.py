@@ -634,6 +634,7 @@ class Engine:
         listed = group.servers.get(uuid)
         if listed is not None:
             group.servers[uuid] = dataclasses.replace(listed, tags=tags)
+            self.on_change()  # the tag changes the target: republish before the DELETE ends
 
     async def _untag(self, group: GroupState, uuid: str, original: dict[str, str]) -> None:
         try:

@@ -6,10 +6,11 @@
   timestamps with local time: clocks of two nodes need not agree.
 - Every write is a replace carrying the resourceVersion read just before, so of two replicas
   racing for an expired Lease exactly one wins (the other gets 409 Conflict).
-- The leader renews every retryPeriod. If no renewal succeeds for renewDeadline it stops
-  serving at once and becomes a standby; renewDeadline < leaseDuration, so it has stopped
-  before any standby may take over. The serving gate also closes by itself at that deadline,
-  in case this process is too starved to notice.
+- The leader renews every retryPeriod. If it sees another replica holding the Lease, or no
+  renewal succeeds for renewDeadline, it stops serving at once and becomes a standby;
+  renewDeadline < leaseDuration, so it has stopped before any standby may take over. The
+  serving gate also closes by itself at that deadline, in case this process is too starved
+  to notice.
 - On shutdown the leader releases the Lease (empty holder), so a standby takes over within one
   retryPeriod instead of waiting for the Lease to expire.
 """
@@ -139,6 +140,15 @@ class Elector:
                     return True
             except TimeoutError:
                 break
+            holder = self._holder_seen()
+            if holder is not None:  # another replica holds the Lease: no retry can win it back
+                log.error(
+                    "leader election: %s lost Lease %s to %s: stopping serving",
+                    self.identity,
+                    self._serving.lease,
+                    holder,
+                )
+                return False
             await asyncio.sleep(min(retry, max(0.0, deadline - self._clock())))
         log.error(
             "leader election: %s could not renew Lease %s within %gs: stopping serving",

@@ -11,7 +11,9 @@ import logging
 import re
 from dataclasses import replace
 
+import grpc
 import pytest
+from fixtures.emulator import RunningEmulator
 from fixtures.stack import StackFactory, group, wait_until
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
@@ -119,6 +121,37 @@ async def test_a_real_gpu_server_gets_every_template_label(stack: StackFactory) 
     ccm = ccm_labels(server["flavor"]["slug"], server["zone"]["slug"])
     assert template == {**kubelet, **ccm, **passed}
     assert passed[GPU_LABEL] == "nvidia-rtx-pro-6000-max-q"
+
+
+async def test_no_gpu_server_is_labelled_unknown_while_flavors_cannot_be_read(
+    stack: StackFactory, emulator: RunningEmulator
+) -> None:
+    """The slug does not name the GPU model: without the flavor list, IncreaseSize refuses a
+    GPU group whose userData passes ${node_labels} (UNAVAILABLE, target unchanged) instead
+    of creating servers labelled "unknown" for good; the template may say "unknown"."""
+    user_data = "#cloud-config\nruncmd:\n  - kubelet --node-labels=${node_labels}\n"
+    gpu = group("gpu", 0, 2, flavor=GPU.slug, zone="rma1", user_data=user_data)
+    await emulator.admin.set_faults({"error_rate": {"list_flavors": {"rate": 1.0, "status": 503}}})
+    s = await stack([gpu])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="gpu", delta=1))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+    assert caught.value.details() == (
+        f"node group gpu: the flavor list cannot be read and the slug {GPU.slug} does not name "
+        f"its GPU model, so ${{node_labels}} would label the servers {GPU_LABEL}=unknown for "
+        "good; not creating servers until the flavor list can be read (every Refresh tries "
+        "again)"
+    )
+    assert await s.target("gpu") == 0
+    assert await s.cloud_servers("gpu") == []
+    reply = await s.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="gpu"))
+    template = core_v1_pb2.Node.FromString(reply.nodeBytes)
+    assert template.metadata.labels[GPU_LABEL] == "unknown"
+    # Once the list can be read, the next Refresh fetches it and creating goes ahead.
+    await emulator.admin.set_faults({})
+    await s.refresh()
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="gpu", delta=1))
+    assert await s.target("gpu") == 1
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, FailedPrecondition
+from cloudscale_autoscaler.engine.userdata import UserDataError, placeholders_in
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.labels import gpu_label_value, label_sources
@@ -104,11 +105,25 @@ class Catalog:
 
     def node_labels(self, group: NodeGroupConfig) -> dict[str, str]:
         """What `${node_labels}` must carry for the group's servers to have every label of
-        its template (judged from the flavors already fetched, else from the slug)."""
+        its template (judged from the flavors already fetched, else from the slug).
+
+        A GPU slug does not name its GPU model: without the flavor list the GPU label would
+        be "unknown", and a server keeps the labels it was created with. So creating servers
+        whose userData passes `${node_labels}` waits for the list (CloudUnavailable); the
+        template alone may say "unknown" meanwhile, as CA rebuilds it every loop."""
         flavor = (self._flavors or {}).get(group.flavor) or flavor_from_slug(group.flavor)
         if flavor is None:
             flavor = Flavor(group.flavor, group.flavor, 0, 0)  # no GPU known
-        return label_sources(group, flavor, self._config.gpu_label).node_labels
+        labels = label_sources(group, flavor, self._config.gpu_label).node_labels
+        gpu_label = self._config.gpu_label
+        if self._flavors is None and gpu_label in labels and _passes_node_labels(group):
+            raise CloudUnavailable(
+                f"node group {group.name}: the flavor list cannot be read and the slug "
+                f"{group.flavor} does not name its GPU model, so ${{node_labels}} would label "
+                f"the servers {gpu_label}={labels[gpu_label]} for good; not creating servers "
+                "until the flavor list can be read (every Refresh tries again)"
+            )
+        return labels
 
     def creation_problem(self, group: NodeGroupConfig) -> str | None:
         """Why the cloud would certainly refuse to create the group's servers, judged from the
@@ -145,3 +160,10 @@ def _unknown_flavor(group: NodeGroupConfig, flavors: dict[str, Flavor]) -> str:
         f"node group {group.name}: flavor {group.flavor!r} is not offered by the cloud "
         f"(known flavors: {known})"
     )
+
+
+def _passes_node_labels(group: NodeGroupConfig) -> bool:
+    try:
+        return "node_labels" in placeholders_in(group.user_data or "")
+    except UserDataError:
+        return False  # building the request reports the malformed template

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 from fixtures.emulator import TOKEN, RunningEmulator
-from fixtures.stack import StackFactory, group
+from fixtures.stack import StackFactory, group, wait_until
 from test_check_config import check_online, failure_lines, write_config
 
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
@@ -350,11 +350,16 @@ async def test_network_names_must_match_exactly_one_network(
 
 async def test_network_names_are_resolved_once(stack: StackFactory) -> None:
     s = await stack(groups=[group("workers", 0, 5, interfaces=(NetworkInterface("k8s-nodes"),))])
+
+    async def checked_at_start() -> bool:  # the start-up check lists networks, then subnets
+        return (await s.admin.stats()).get("list_subnets") == {"200": 1}
+
+    await wait_until(checked_at_start, 30, "the start-up check listed no subnets")
     for _ in range(2):
         await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
     await s.settle("workers")
     stats = await s.admin.stats()
-    assert stats["list_networks"] == {"200": 1}
+    assert stats["list_networks"] == {"200": 2}  # the start-up check's, and one resolution
     servers = await s.cloud_servers("workers")
     assert [srv["interfaces"][0]["network"]["uuid"] for srv in servers] == [NODES_LPG] * 2
 

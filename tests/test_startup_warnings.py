@@ -7,7 +7,7 @@ import logging
 import pytest
 from fixtures.stack import StackFactory, group, wait_until
 
-from cloudscale_autoscaler.config import AutoscalingOptions
+from cloudscale_autoscaler.config import AutoscalingOptions, NetworkInterface
 
 
 async def test_unknown_flavor_image_and_zone_are_logged_at_start(
@@ -36,6 +36,30 @@ async def test_unknown_flavor_image_and_zone_are_logged_at_start(
     assert lines[1].startswith('config: nodeGroups[2].flavor: unknown flavor "flex-999-1"')
     assert lines[2] == f'config: nodeGroups[3].zone: unknown zone "xyz9" (known: lpg1, rma1){tail}'
     # It still serves.
+    assert await s.target("ok") == 0
+
+
+async def test_unknown_network_is_logged_at_start(
+    stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same network check as check-config --online, against the emulator's networks."""
+    caplog.set_level(logging.WARNING)
+    s = await stack(
+        [
+            group("ok", 0, 3, interfaces=(NetworkInterface("k8s-nodes"),)),
+            group("lost", 0, 3, interfaces=(NetworkInterface("nowhere"),)),
+        ]
+    )
+
+    async def logged() -> bool:
+        return "nodeGroups[1].interfaces[0]" in caplog.text
+
+    await wait_until(logged, 30, "no warning about the unknown network")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config: nodeG")]
+    assert lines == [
+        'config: nodeGroups[1].interfaces[0].network: no network named "nowhere" in zone lpg1: '
+        "creating servers in this node group will fail"
+    ]
     assert await s.target("ok") == 0
 
 

@@ -21,6 +21,7 @@ from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, ConfigError
 from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.configfile.check import catalogue_errors, fetch_catalogue
+from cloudscale_autoscaler.configfile.network_check import interface_errors, networks_to_check
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
@@ -106,10 +107,12 @@ async def build_provider(config: Config) -> Provider:
 async def _check_catalogue(config: Config, cloud: Cloud) -> None:
     try:
         catalogue = await fetch_catalogue(cloud)
+        networks = await networks_to_check(config.node_groups, cloud)
     except CloudError as error:
-        log.warning("could not check flavors, images and zones against the API: %s", error)
+        log.warning("could not check the config's names against the API: %s", error)
         return
-    for problem in catalogue_errors(config.node_groups, *catalogue):
+    problems = catalogue_errors(config.node_groups, *catalogue)
+    for problem in problems + interface_errors(config.node_groups, *networks):
         log.warning("config: %s: creating servers in this node group will fail", problem)
 
 

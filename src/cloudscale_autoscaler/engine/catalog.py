@@ -4,7 +4,7 @@ The flavor list comes from the cloud (the client caches it with a TTL); built te
 responses are kept until the next Refresh, since CA caches them per loop anyway and a template
 depends only on config and flavor. When the list cannot be fetched, the flavor is read from its
 slug (template.slug), so scale-from-zero keeps working during an API outage; the list, when
-present, wins.
+present, wins. Only a GPU slug's model cannot be read: see node_labels.
 """
 
 from __future__ import annotations

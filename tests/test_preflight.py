@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from fixtures.tls import with_key
 from fixtures.tools import free_port, run_cli
 
 from cloudscale_autoscaler import certs
@@ -48,6 +50,16 @@ def _client_cert_as_server(tls: Path, pki: certs.DevPKI) -> None:
     pki.client.write(tls / "tls.crt", tls / "tls.key")
 
 
+def _p521_key(tls: Path, pki: certs.DevPKI) -> None:
+    p521 = ec.generate_private_key(ec.SECP521R1())
+    with_key(pki.server, pki.ca, p521).write(tls / "tls.crt", tls / "tls.key")
+
+
+def _rsa_1024_key(tls: Path, pki: certs.DevPKI) -> None:
+    rsa_1024 = rsa.generate_private_key(65537, 1024)
+    with_key(pki.server, pki.ca, rsa_1024).write(tls / "tls.crt", tls / "tls.key")
+
+
 BREAKS: dict[str, tuple[Break, str]] = {
     "garbage-cert": (_garbage_cert, "tls.crt: expected one or more PEM certificates"),
     "garbage-key": (_garbage_key, "tls.key: expected an unencrypted PEM private key"),
@@ -56,6 +68,9 @@ BREAKS: dict[str, tuple[Break, str]] = {
     "expired": (_expired, "tls.crt: expired at"),
     "not-yet-valid": (_not_yet_valid, "tls.crt: not valid before"),
     "client-cert-as-server": (_client_cert_as_server, "lacks serverAuth"),
+    # cryptography reads both; the transport's TLS library (rustls, ring) signs with neither.
+    "p521-key": (_p521_key, "tls.key: unsupported key"),
+    "rsa-1024-key": (_rsa_1024_key, "tls.key: unsupported key"),
 }
 
 

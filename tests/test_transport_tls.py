@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 from fixtures.tls import (
     PKI,
     CertFiles,
@@ -21,6 +22,7 @@ from fixtures.tls import (
     make_config,
     other_ca,
     serving,
+    with_key,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -275,6 +277,27 @@ async def test_an_expired_rotation_keeps_the_previous_certificate(
             assert await asyncio.to_thread(_served_serial, running.port, pki) == first
         (warning,) = _unusable_warnings(caplog)
         assert "expired at" in warning
+
+
+async def test_a_rotation_to_a_key_rustls_refuses_keeps_the_previous_certificate(
+    pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    p521 = with_key(pki.server().issued, pki.ca, ec.generate_private_key(ec.SECP521R1()))
+    caplog.set_level(logging.WARNING)
+    async with serving(make_config(pki), reload_interval=0.0) as running:
+        p521.write(pki.dir / "p521.crt", pki.dir / "p521.key")
+        _replace(pki.server_key, pki.dir / "p521.key")
+        _replace(pki.server_cert, pki.dir / "p521.crt")
+        for _ in range(3):
+            assert await asyncio.to_thread(_served_serial, running.port, pki) == (
+                served.serial_number
+            )
+        # The metric reports the certificate still served, not the refused one.
+        assert running.cert_not_after() == served.not_valid_after_utc.timestamp()
+    (warning,) = _unusable_warnings(caplog)
+    assert f"tls.key {pki.server_key}: unsupported key" in warning
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_rotated_client_ca_applies_to_new_connections(pki: PKI) -> None:

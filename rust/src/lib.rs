@@ -39,7 +39,16 @@ struct Server {
 }
 
 fn tls_config(pems: (Vec<u8>, Vec<u8>, Vec<u8>)) -> PyResult<rustls::ServerConfig> {
-    tls::server_config(&pems.0, &pems.1, &pems.2).map_err(PyValueError::new_err)
+    tls::server_config(&pems.0, &pems.1, &pems.2).map_err(|r| PyValueError::new_err(r.to_string()))
+}
+
+/// Builds the server configuration `Server` would serve these PEM files with, and drops it:
+/// raises ValueError((file, reason)) for what rustls refuses, so Python's checks refuse it too.
+#[pyfunction]
+fn check_tls(cert: &[u8], key: &[u8], client_ca: &[u8]) -> PyResult<()> {
+    tls::server_config(cert, key, client_ca)
+        .map(drop)
+        .map_err(|r| PyValueError::new_err((r.file, r.reason)))
 }
 
 #[pymethods]
@@ -209,6 +218,7 @@ impl Server {
 fn _transport(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Server>()?;
     module.add_class::<bridge::Reply>()?;
+    module.add_function(wrap_pyfunction!(check_tls, module)?)?;
     module.add("MAX_RECEIVE_BYTES", grpc::MAX_RECEIVE_BYTES)?;
     Ok(())
 }

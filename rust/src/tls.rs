@@ -1,4 +1,5 @@
-//! Server-side mutual TLS with rustls. Python validates the files and hands over PEM bytes;
+//! Server-side mutual TLS with rustls. Python validates the files (asking `server_config`
+//! too, through `check_tls`, so it refuses what rustls refuses) and hands over PEM bytes;
 //! a new configuration replaces the old one atomically: connections accepted from then on
 //! use it, established ones keep what they negotiated.
 
@@ -10,38 +11,79 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-fn certificates(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// Why the files cannot be served: the file at fault ("tls.cert", "tls.key" or
+/// "tls.clientCA") and what is wrong with it.
+pub struct Refusal {
+    pub file: &'static str,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file, self.reason)
+    }
+}
+
+fn refuse(file: &'static str, reason: impl ToString) -> Refusal {
+    Refusal {
+        file,
+        reason: reason.to_string(),
+    }
+}
+
+fn certificates(pem: &[u8], file: &'static str) -> Result<Vec<CertificateDer<'static>>, Refusal> {
     let certs = rustls_pemfile::certs(&mut BufReader::new(pem))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{what}: {e}"))?;
+        .map_err(|e| refuse(file, e))?;
     if certs.is_empty() {
-        return Err(format!("{what}: no PEM certificate"));
+        return Err(refuse(file, "no PEM certificate"));
     }
     Ok(certs)
 }
 
-fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, Refusal> {
     rustls_pemfile::private_key(&mut BufReader::new(pem))
-        .map_err(|e| format!("tls.key: {e}"))?
-        .ok_or_else(|| "tls.key: no PEM private key".to_string())
+        .map_err(|e| refuse("tls.key", e))?
+        .ok_or_else(|| refuse("tls.key", "no PEM private key"))
+}
+
+/// Why rustls (with ring) refuses a key other libraries read: a curve or size it cannot sign
+/// with. Its own words ("failed to parse private key ...") do not say so.
+fn unusable_key(error: rustls::Error) -> Refusal {
+    match error {
+        rustls::Error::InconsistentKeys(_) => {
+            refuse("tls.key", "does not match the certificate in tls.cert")
+        }
+        other => {
+            let detail = match other {
+                rustls::Error::General(text) => text,
+                other => other.to_string(),
+            };
+            let reason = format!(
+                "unsupported key: the server signs with ECDSA P-256 or P-384, RSA of 2048 to \
+                 4096 bits, or Ed25519 only (rustls: {detail})"
+            );
+            refuse("tls.key", reason)
+        }
+    }
 }
 
 /// A configuration that requires a client certificate signed by `client_ca` and speaks h2.
-pub fn server_config(cert: &[u8], key: &[u8], client_ca: &[u8]) -> Result<ServerConfig, String> {
+pub fn server_config(cert: &[u8], key: &[u8], client_ca: &[u8]) -> Result<ServerConfig, Refusal> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     for ca in certificates(client_ca, "tls.clientCA")? {
-        roots.add(ca).map_err(|e| format!("tls.clientCA: {e}"))?;
+        roots.add(ca).map_err(|e| refuse("tls.clientCA", e))?;
     }
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
-        .map_err(|e| format!("tls.clientCA: {e}"))?;
+        .map_err(|e| refuse("tls.clientCA", e))?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .expect("ring offers TLS 1.2 and 1.3")
         .with_client_cert_verifier(verifier)
         .with_single_cert(certificates(cert, "tls.cert")?, private_key(key)?)
-        .map_err(|e| format!("tls.cert/tls.key: {e}"))?;
+        .map_err(unusable_key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }

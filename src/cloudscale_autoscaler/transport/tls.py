@@ -11,7 +11,9 @@ configuration stays in use until the files are consistent again.
 
 `load_material` is the one place the files are checked: `serve` calls it before it listens and
 on every reload, `check-config` calls it too, so a file one refuses the other refuses with the
-same message.
+same message. Its last check builds the transport's own TLS configuration
+(`_transport.check_tls`): rustls signs with fewer key types than cryptography reads (no P-521,
+no RSA under 2048 bits), and what it refuses must be refused here, not at the next handshake.
 
 Client certificates are always required and verified against `clientCA` (a PEM bundle, also
 reloaded). rustls in the transport checks the client certificate's extended key usage (a
@@ -33,6 +35,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from cloudscale_autoscaler import _transport
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +114,8 @@ def _leaf_problem(leaf: x509.Certificate, now: dt.datetime) -> str | None:
 
 def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
     """Read and check the files as clients will (PEM, key pair, CA bundle, the certificate's
-    validity window now and its usage); raises TLSFileError naming the file at fault."""
+    validity window now and its usage) and as the transport will (its TLS configuration built
+    from them); raises TLSFileError naming the file at fault."""
     chain = _read(cert, "tls.cert")
     key_pem = _read(key, "tls.key")
     ca_pem = _read(client_ca, "tls.clientCA")
@@ -130,6 +135,12 @@ def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
     problem = _leaf_problem(leaf, dt.datetime.now(dt.UTC))
     if problem is not None:
         raise TLSFileError(f"tls.cert {cert}: {problem}; clients refuse it")
+    try:
+        _transport.check_tls(chain, key_pem, ca_pem)
+    except ValueError as exc:
+        field, reason = exc.args
+        path = {"tls.cert": cert, "tls.key": key, "tls.clientCA": client_ca}[field]
+        raise TLSFileError(f"{field} {path}: {reason}") from None
     return TLSMaterial(chain, key_pem, ca_pem, leaf)
 
 

@@ -1,6 +1,6 @@
 """What `serve --log-format json --log-level debug` writes to stderr, as a real process: only
-JSON lines (gRPC core's own lines included: a refused TLS handshake, a port already in use),
-our debug lines, and no third-party debug or info noise."""
+JSON lines (a refused TLS handshake, a port already in use, an exception in a transport
+callback included), our debug lines, and no third-party debug or info noise."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -142,19 +143,49 @@ async def test_json_logs_are_json_only_with_our_debug_lines(tmp_path: Path, pki:
     assert all(r["logger"].startswith("cloudscale_autoscaler") for r in noisy), noisy
 
 
-# gRPC core's own line format: severity letter, MMDD, time, thread, file:line.
-_CORE_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
-
-
-async def test_plain_logs_carry_no_grpc_core_info_lines(tmp_path: Path, pki: PKI) -> None:
+@pytest.mark.parametrize("log_format", ["plain", "json"])
+async def test_a_refused_handshake_is_logged_with_the_peer_and_why(
+    tmp_path: Path, pki: PKI, log_format: str
+) -> None:
     port = free_port()
     config = write_config(tmp_path, pki, port)
-    output = tmp_path / "plain.log"
-    with serving(config, output, log_format="plain"):
-        async with grpc_channel(pki, f"127.0.0.1:{port}", with_client_cert=False) as channel:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest())
+    output = tmp_path / f"{log_format}.log"
+    with serving(config, output, log_format=log_format):
         await asyncio.to_thread(refused_handshakes, port, pki)
-    lines = output.read_text().splitlines()
-    assert any("gRPC server listening" in line for line in lines)
-    assert [line for line in lines if _CORE_LINE.match(line)] == []
+        deadline = time.monotonic() + START_SECONDS
+        while "TLS handshake refused" not in output.read_text():
+            assert time.monotonic() < deadline, output.read_text()
+            await asyncio.sleep(0.05)
+    text = output.read_text()
+    if log_format == "json":
+        (refused,) = [r for r in json_lines(text) if r["message"] == "TLS handshake refused"]
+        assert refused["level"] == "warning"
+        assert refused["peer"].startswith("127.0.0.1:")
+        # Both clients came from 127.0.0.1: the second is counted, not logged, this minute.
+        assert "certificate" in refused["reason"].lower()
+    else:
+        (line,) = [line for line in text.splitlines() if "TLS handshake refused" in line]
+        assert re.search(r" WARNING \S+: TLS handshake refused peer=127\.0\.0\.1:\d+ ", line)
+        assert "reason=" in line and "certificate" in line.lower()
+
+
+def test_unraisable_exceptions_are_logged_in_the_chosen_format(tmp_path: Path) -> None:
+    # What the transport's callbacks raise reaches sys.unraisablehook (pyo3's
+    # write_unraisable), as does an exception in __del__: the same hook, a real process.
+    program = (
+        "from cloudscale_autoscaler.logs import setup_logging\n"
+        "setup_logging('json', 'info')\n"
+        "class Doomed:\n"
+        "    def __del__(self):\n"
+        "        raise RuntimeError('raised where no caller can see it')\n"
+        "Doomed()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    (record,) = json_lines(done.stderr)
+    assert record["level"] == "error"
+    assert record["logger"] == "cloudscale_autoscaler.unraisable"
+    assert "Doomed.__del__" in record["message"]
+    assert "RuntimeError: raised where no caller can see it" in record["exception"]

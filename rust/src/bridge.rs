@@ -28,6 +28,9 @@ pub struct Bridge {
     pub admit: Option<PyObject>,
     /// tls_check(): reloads changed TLS files (and calls set_tls); None without TLS.
     pub tls_check: Option<PyObject>,
+    /// tls_refused(peer address, reason): a TLS handshake that failed (Python rate-limits
+    /// the log lines); None without TLS.
+    pub tls_refused: Option<PyObject>,
 }
 
 /// Handed to Python with a forwarded call; Python calls exactly one of its methods.
@@ -107,6 +110,16 @@ impl Bridge {
                 Some("the allowedClients check failed; see the server log".to_string())
             }
         })
+    }
+
+    pub fn tls_refused(&self, peer: std::net::SocketAddr, reason: String) {
+        if let Some(refused) = &self.tls_refused {
+            Python::with_gil(|py| {
+                if let Err(error) = refused.call1(py, (peer.to_string(), reason)) {
+                    error.write_unraisable(py, None);
+                }
+            });
+        }
     }
 
     pub fn tls_check(&self) {

@@ -222,7 +222,7 @@ async fn accept(
     connections: mpsc::Sender<Result<Io, io::Error>>,
 ) {
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
+        let Ok((tcp, address)) = listener.accept().await else {
             // Out of file descriptors and the like: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
@@ -242,10 +242,14 @@ async fn accept(
         let acceptor = TlsAcceptor::from(tls.load_full());
         let (core, connections) = (core.clone(), connections.clone());
         tokio::spawn(async move {
-            let Ok(Ok(stream)) =
-                tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-            else {
-                return; // the client sees the handshake fail; nothing to serve
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                // The client sees the handshake fail; the operator sees why in the log.
+                Ok(Err(error)) => return core.bridge.tls_refused(address, error.to_string()),
+                Err(_) => {
+                    let reason = format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+                    return core.bridge.tls_refused(address, reason);
+                }
             };
             let leaf = stream
                 .get_ref()

@@ -78,6 +78,7 @@ impl Server {
             log_rpc: hooks.getattr("log_rpc")?.unbind(),
             admit: optional("admit")?,
             tls_check: optional("tls_check")?,
+            tls_refused: optional("tls_refused")?,
         };
         let tls = tls
             .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))

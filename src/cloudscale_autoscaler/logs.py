@@ -8,11 +8,9 @@ Secrets registered with `register_secret` (the cloudscale.ch API token) are mask
 output line, whatever path they took into it: message, arguments, extras or a traceback.
 
 `--log-level` applies to our own loggers; other libraries' records reach the output only from
-WARNING up (at debug, grpc's "Loaded running loop" alone made three lines in four), except
-httpx's one line per API request while debugging. gRPC core (C) writes to stderr past Python
-logging ("Handshake failed", "add_port"); its lines cannot be routed into our format, so with
-JSON output they are switched off (GRPC_VERBOSITY=NONE unless set), leaving only JSON lines,
-and plain output keeps its errors only (GRPC_VERBOSITY=ERROR unless set).
+WARNING up, except httpx's one line per API request while debugging. What Python reports as
+"unraisable" (an exception in a callback the compiled transport made, which has no caller to
+raise to) is logged here too, as an error with its traceback, not printed past the format.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import sys
 from contextvars import ContextVar
 from typing import Any
@@ -129,6 +126,16 @@ class JSONFormatter(logging.Formatter):
         return redact(json.dumps(payload, default=str, ensure_ascii=False))
 
 
+def _log_unraisable(unraisable: Any) -> None:
+    """sys.unraisablehook: the exception goes through logging, in the chosen format."""
+    if unraisable.object is None:
+        message = unraisable.err_msg or "Exception ignored"
+    else:
+        message = f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}"
+    exc_info = (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+    logging.getLogger("cloudscale_autoscaler.unraisable").error(message, exc_info=exc_info)
+
+
 def setup_logging(fmt: str, level: str) -> None:
     """Configure the root logger: one stderr handler in `fmt` (plain|json) at `level`."""
     if fmt not in FORMATS:
@@ -136,8 +143,6 @@ def setup_logging(fmt: str, level: str) -> None:
     numeric = LEVELS.get(level.lower())
     if numeric is None:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
-    # Read by gRPC core when grpc is first imported: the CLI imports it only after this.
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE" if fmt == "json" else "ERROR")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if fmt == "json" else PlainFormatter())
     handler.addFilter(_ThirdPartyFilter())
@@ -148,6 +153,7 @@ def setup_logging(fmt: str, level: str) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    sys.unraisablehook = _log_unraisable
     # httpx logs every request at INFO: only interesting while debugging. httpcore's
     # connection-level chatter is noise even then.
     logging.getLogger("httpx").setLevel(

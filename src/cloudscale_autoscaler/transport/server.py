@@ -11,7 +11,9 @@ has no answer for, to `calls.Calls` on the event loop.
 TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
 transport checks the files through `ReloadingCredentials` before each new handshake (at most
 once per `reload_interval`) and swaps in new material for the connections accepted from then
-on. rustls refuses TLS below 1.2 and client certificates without the clientAuth usage.
+on. rustls refuses TLS below 1.2 and client certificates without the clientAuth usage; each
+refused handshake is logged with the client's address and rustls' reason (transport/handshakes.py,
+at most one line per client address a minute).
 
 Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA's
 NodeGroupDeleteNodes carries whole node objects (labels, annotations) and can list thousands
@@ -43,6 +45,7 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
 from cloudscale_autoscaler.transport.clients import AllowedClients
+from cloudscale_autoscaler.transport.handshakes import RefusedHandshakes
 from cloudscale_autoscaler.transport.tls import (
     DEFAULT_MIN_INTERVAL,
     ReloadingCredentials,
@@ -94,6 +97,7 @@ class _Hooks:
     log_rpc: Any
     admit: Any
     tls_check: Any
+    tls_refused: Any
 
 
 class RunningServer:
@@ -115,6 +119,7 @@ class RunningServer:
             log_rpc=calls.log_rpc,
             admit=_admission(config),
             tls_check=None if credentials is None else self._check_tls_files,
+            tls_refused=None if credentials is None else RefusedHandshakes().refused,
         )
         try:
             self._server = _transport.Server(

@@ -7,11 +7,14 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.connection
+import h2.events
 import pytest
 from fixtures.emulator import TOKEN as EMULATOR_TOKEN
 from fixtures.emulator import RunningEmulator
@@ -19,6 +22,7 @@ from fixtures.tls import (
     PKI,
     StandInServicer,
     address,
+    client_ssl_context,
     grpc_channel,
     make_config,
     serving,
@@ -85,6 +89,50 @@ async def test_every_rpc_is_routed(pki: PKI) -> None:
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"{rpc} is not implemented by cloudscale-autoscaler",
             )
+
+
+def _status_of_a_call_without_its_body(port: int, pki: PKI, path: str, timeout_ms: int) -> str:
+    """Sends a call's headers (with grpc-timeout) and never its body; the grpc-status the
+    server ends it with."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw,
+        client_ssl_context(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        connection = h2.connection.H2Connection()
+        connection.initiate_connection()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":authority", "localhost"),
+            (":path", path),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("grpc-timeout", f"{timeout_ms}m"),
+        ]
+        connection.send_headers(1, headers)
+        tls.sendall(connection.data_to_send())
+        while True:
+            data = tls.recv(65536)
+            assert data, "the server closed the connection without ending the call"
+            for event in connection.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    fields = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
+                    if "grpc-status" in fields:
+                        return fields["grpc-status"]
+                if isinstance(event, h2.events.StreamReset):
+                    return f"reset {event.error_code}"
+            tls.sendall(connection.data_to_send())
+
+
+async def test_a_deadline_counts_from_the_call_s_start_not_its_body(pki: PKI) -> None:
+    # A large DeleteNodes whose body is still arriving when the caller's deadline passes
+    # ends DEADLINE_EXCEEDED, as from any gRPC server (not CANCELLED, nor late).
+    async with serving(make_config(pki)) as running:
+        path = f"/{SERVICE}/NodeGroupDeleteNodes"
+        code = await asyncio.to_thread(
+            _status_of_a_call_without_its_body, running.port, pki, path, 300
+        )
+    assert code == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
 
 
 async def test_health_serving(pki: PKI) -> None:

@@ -110,7 +110,7 @@ impl Core {
             self.id_prefix,
             self.request_ids.fetch_add(1, Relaxed) + 1
         );
-        let answer = self.answer(method, &id, request).await;
+        let answer = self.answer(method, &id, request, started).await;
         let code = match &answer {
             Answer::Ok(_) => OK,
             Answer::Status(code, _) => *code,
@@ -126,7 +126,13 @@ impl Core {
         }
     }
 
-    async fn answer(&self, method: usize, id: &str, request: Request<BoxBody>) -> Answer {
+    async fn answer(
+        &self,
+        method: usize,
+        id: &str,
+        request: Request<BoxBody>,
+        started: Instant,
+    ) -> Answer {
         if let Some(denial) = request
             .extensions()
             .get::<Peer>()
@@ -134,8 +140,12 @@ impl Core {
         {
             return Answer::Status(PERMISSION_DENIED, denial);
         }
-        let timeout = grpc_timeout(request.headers());
-        let message = match read_message(request.into_body()).await {
+        // The caller's deadline runs from when its call arrived, reading a large body included.
+        // Answered a moment before tonic's own deadline timer would end the call as CANCELLED:
+        // an expired deadline is DEADLINE_EXCEEDED, as from any gRPC server.
+        let deadline =
+            grpc_timeout(request.headers()).map(|t| started + t.saturating_sub(HEADSTART));
+        let message = match before(deadline, read_message(request.into_body())).await {
             Ok(message) => message,
             Err(refusal) => return refusal,
         };
@@ -144,19 +154,32 @@ impl Core {
                 return answer;
             }
         }
-        let forwarded = self.bridge.forward(method, &message, timeout, id);
-        let answer = match timeout {
-            None => forwarded.await,
-            // Answered a moment before tonic's own deadline timer would end the call as
-            // CANCELLED: an expired deadline is DEADLINE_EXCEEDED, as from any gRPC server.
-            Some(timeout) => tokio::time::timeout(timeout.saturating_sub(HEADSTART), forwarded)
-                .await
-                .unwrap_or_else(|_| status(DEADLINE_EXCEEDED, "Deadline Exceeded")),
+        // Python is told the time left, not the caller's whole timeout.
+        let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let forwarded = self.bridge.forward(method, &message, remaining, id);
+        let answer = match before(deadline, async { Ok(forwarded.await) }).await {
+            Ok(answer) | Err(answer) => answer,
         };
         if let Some(hot) = self.hot[method] {
             self.snapshot.remember(hot, message, &answer);
         }
         answer
+    }
+}
+
+/// `work`'s outcome, or DEADLINE_EXCEEDED once `deadline` has passed (dropping `work`).
+async fn before<T>(
+    deadline: Option<Instant>,
+    work: impl Future<Output = Result<T, Answer>>,
+) -> Result<T, Answer> {
+    let expired = || Err(status(DEADLINE_EXCEEDED, "Deadline Exceeded"));
+    match deadline {
+        None => work.await,
+        // Not even started: a timer polls `work` once before it looks at the clock.
+        Some(deadline) if Instant::now() >= deadline => expired(),
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), work)
+            .await
+            .unwrap_or_else(|_| expired()),
     }
 }
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import grpc
 from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
-from fixtures.tls import PKI
+from fixtures.tls import PKI, StandInServicer, address, make_config
 
 from cloudscale_autoscaler.config import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.transport.server import start_server
 
 TIMEOUT = 10.0
 TUNED = AutoscalingOptions(
@@ -285,3 +286,20 @@ async def test_hot_answers_follow_the_serving_deadline(stack: StackFactory, pki:
         assert not _blocking(lambda: _answered_with_loop_blocked(stub))
         s.server.serve_until(math.inf)
         assert _blocking(lambda: _answered_with_loop_blocked(stub))
+
+
+async def test_a_gated_transport_serves_nothing_published_until_the_gate_opens(pki: PKI) -> None:
+    """With leader election the transport starts closed: answers published at start (before
+    the first Lease decision) are not served by a replica that may be a standby."""
+    config = make_config(pki)
+    running = await start_server(config, StandInServicer(config), gated=True)
+    try:
+        answer = pb.NodeGroupTargetSizeResponse(targetSize=1).SerializeToString()
+        running.publish_answers("NodeGroupTargetSize", {"workers": answer})
+        channel, stub = sync_stub(pki, address(running))
+        with channel:
+            assert not _blocking(lambda: _answered_with_loop_blocked(stub))
+            running.serve_until(math.inf)  # control: the same call, the gate open
+            assert _blocking(lambda: _answered_with_loop_blocked(stub))
+    finally:
+        await running.stop(5.0)

@@ -79,7 +79,14 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(methods: &[String], bounds: Vec<f64>, bridge: Bridge, id_prefix: String) -> Core {
+    /// `serving`: the gate starts open for good, else closed until `serve_for`.
+    pub fn new(
+        methods: &[String],
+        bounds: Vec<f64>,
+        bridge: Bridge,
+        id_prefix: String,
+        serving: bool,
+    ) -> Core {
         Core {
             by_path: methods
                 .iter()
@@ -89,7 +96,7 @@ impl Core {
             hot: methods.iter().map(|name| Hot::from_method(name)).collect(),
             gate: Gate {
                 base: Instant::now(),
-                until: AtomicU64::new(u64::MAX),
+                until: AtomicU64::new(if serving { u64::MAX } else { 0 }),
             },
             snapshot: Snapshot::default(),
             stats: Stats::new(methods.len(), bounds),

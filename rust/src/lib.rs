@@ -53,9 +53,10 @@ fn check_tls(cert: &[u8], key: &[u8], client_ca: &[u8]) -> PyResult<()> {
 
 #[pymethods]
 impl Server {
-    /// Binds `listen` and starts serving on a thread of its own.
+    /// Binds `listen` and starts serving on a thread of its own; the hot answers are served
+    /// from the start if `serving`, else not until `set_serving_for` (leader election).
     #[new]
-    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix, max_connection_age))]
+    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix, max_connection_age, serving))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen: &str,
@@ -66,6 +67,7 @@ impl Server {
         hooks: &Bound<'_, PyAny>,
         id_prefix: String,
         max_connection_age: Option<f64>,
+        serving: bool,
     ) -> PyResult<Server> {
         let optional = |name: &str| -> PyResult<Option<PyObject>> {
             let value = hooks.getattr(name)?;
@@ -83,7 +85,7 @@ impl Server {
         let tls = tls
             .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))
             .transpose()?;
-        let core = Arc::new(Core::new(&methods, buckets, bridge, id_prefix));
+        let core = Arc::new(Core::new(&methods, buckets, bridge, id_prefix, serving));
         let listener = std::net::TcpListener::bind(listen)
             .map_err(|e| PyOSError::new_err(format!("cannot bind ({e})")))?;
         listener.set_nonblocking(true)?;

@@ -150,9 +150,12 @@ def _follow_serving(serving: Serving, server: RunningServer) -> None:
 
 def _follow_deadline(serving: Serving, server: RunningServer, hot: HotAnswers) -> None:
     """The transport answers by itself only while the gate is open: each Lease renewal moves
-    its deadline. The answers are published first (a takeover has just loaded the inventory)."""
+    its deadline. A gate that opens does so after the answers are published (a takeover has
+    just loaded the inventory); one that closes, before."""
 
     def follow(until: float) -> None:
+        if not serving.active:
+            server.serve_until(until)
         hot.publish()
         server.serve_until(until)
 
@@ -199,6 +202,7 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
             servicer_of(provider),
             listen=listen,
             max_connection_age=MAX_CONNECTION_AGE_SECONDS if _elects(provider) else None,
+            gated=_elects(provider),
         )
     except BaseException:
         await provider.aclose()

@@ -108,6 +108,7 @@ class RunningServer:
         address: str,
         credentials: ReloadingCredentials | None,
         max_connection_age: float | None,
+        gated: bool,
     ) -> None:
         self._calls = calls
         self._credentials = credentials
@@ -131,6 +132,7 @@ class RunningServer:
                 hooks,
                 secrets.token_hex(3),  # keeps request ids of replicas and restarts apart
                 max_connection_age,
+                not gated,
             )
         except OSError as exc:
             raise ListenError(f"listen {address!r}: {exc}") from None
@@ -234,16 +236,20 @@ async def start_server(
     listen: str | None = None,
     reload_interval: float = DEFAULT_MIN_INTERVAL,
     max_connection_age: float | None = None,
+    gated: bool = False,
 ) -> RunningServer:
     """Bind `listen` (default config.listen; port 0 picks a free one) and start serving.
 
     Raises TLSFileError (bad certificate files), ListenError or ValueError (TLS not configured,
     or material the TLS library refuses). With `max_connection_age` (seconds), connections
-    are sent GOAWAY after that age, their calls in flight finishing.
+    are sent GOAWAY after that age, their calls in flight finishing. `gated` (leader
+    election): the published answers are not served until `serve_until` opens the gate.
     """
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
-    running = RunningServer(config, Calls(servicer), address, credentials, max_connection_age)
+    running = RunningServer(
+        config, Calls(servicer), address, credentials, max_connection_age, gated
+    )
     if credentials is None:
         log.warning(
             "SERVING gRPC WITHOUT TLS (tls.insecure: true): anyone who can reach %s can "

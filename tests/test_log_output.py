@@ -121,7 +121,7 @@ async def test_json_logs_are_json_only_with_our_debug_lines(tmp_path: Path, pki:
             with pytest.raises(grpc.aio.AioRpcError):
                 await pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest())
         await asyncio.to_thread(refused_handshakes, port, pki)
-        # A second instance on the same port: gRPC core's add_port failure, then ours.
+        # A second instance on the same port: it cannot listen, and says so in JSON.
         argv = ["--log-format", "json", "--log-level", "debug", "serve", "--config", str(config)]
         done = await asyncio.to_thread(
             subprocess.run,

@@ -314,7 +314,7 @@ async def _port_from_log(stderr: asyncio.StreamReader, seen: list[str]) -> int:
         try:
             record = json.loads(line)
         except ValueError:
-            continue  # gRPC core's own log lines
+            continue  # not ours to parse; kept in `seen` for the failure message
         if record.get("message") == "gRPC server listening":
             return int(record["port"])
     raise AssertionError("server exited before listening:\n" + "".join(seen))

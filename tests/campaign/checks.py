@@ -42,7 +42,7 @@ class Ledger:
 @dataclass(frozen=True)
 class InFlight:
     unacked: frozenset[str]  # request ids of creations the API has not acknowledged yet
-    deleting: frozenset[str]  # uuids of counted servers whose deletion is under way
+    deleting: frozenset[str]  # uuids of servers being deleted that still count (tag unseen)
 
 
 def in_flight(stack: Stack, group: str) -> InFlight:
@@ -51,15 +51,19 @@ def in_flight(stack: Stack, group: str) -> InFlight:
     - Creations the API has not acknowledged: TargetSize counts them, but NodeGroupNodes
       cannot show them (no server uuid yet; engine/group.py leaves them out rather than
       inventing ids, and CA counts the difference as upcoming nodes).
-    - Deletions under way: such a server still counts, but its instance looks exactly like
-      one whose deletion finished while the API still lists it (both "Deleting"). A
-      DeleteNodes cut short by the deadline leaves its deletions running between steps.
+    - Deletions under way whose deletion tag the engine has not seen yet: such a server
+      still counts, but its instance looks exactly like one whose deletion finished while
+      the API still lists it (both "Deleting"). Once the tag is seen (our PATCH, or the
+      listing after a restart) it no longer counts. A DeleteNodes cut short by the deadline
+      leaves its deletions running between steps.
     Call on the loop (engine state is loop-confined).
     """
     state = stack.provider.service.engine._groups[group]
     return InFlight(
         frozenset(c.request_id for c in state.pending_creations() if c.uuid is None),
-        frozenset(u for u in state.deleting if u in state.servers),
+        frozenset(
+            u for u in state.deleting if u in state.servers and not state.deletion_requested(u)
+        ),
     )
 
 

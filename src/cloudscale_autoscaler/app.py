@@ -214,9 +214,8 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     provider.service.engine.on_change = hot.publish
     if _elects(provider):
         _follow_deadline(provider.serving, server, hot)
-    provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
-    if _elects(provider):
         _follow_serving(provider.serving, server)
+    provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     health = None
     if config.metrics.listen is not None:
         health = HealthServer(provider.metrics, not_ready=lambda: _not_ready(provider))

@@ -79,6 +79,11 @@ async def build_provider(config: Config) -> Provider:
     provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
     # Closed in reverse: the engine lets creations already sent finish, then the client goes.
     provider.closers += [client.aclose, engine.aclose]
+    for warning in config_warnings(config):
+        log.warning("config: %s", warning)
+    # In the background: a slow API must not delay serving. Same check as check-config --online.
+    check = asyncio.create_task(_check_catalogue(config, client))
+    provider.closers.append(lambda: _cancel(check))
     link = None
     if config.kubernetes is not None:
         # Imported only here: without the section nothing loads the kubernetes package.
@@ -90,17 +95,11 @@ async def build_provider(config: Config) -> Provider:
             await provider.aclose()
             raise
         provider.link, provider.serving = link, link.serving
-        provider.closers.append(link.aclose)  # first to close: releases the Lease
+        provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
     if link is None or not link.elects:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
-    for warning in config_warnings(config):
-        log.warning("config: %s", warning)
-    # In the background: a slow API must not delay serving. Same check as check-config --online.
-    check = asyncio.create_task(_check_catalogue(config, client))
-    # Closed after the link (which must release the Lease first), before engine and client.
-    provider.closers.insert(2, lambda: _cancel(check))
     return provider
 
 

@@ -133,6 +133,15 @@ def test_no_pricing_section_means_no_prices(tmp_path: Path) -> None:
             ],
         ),
         ("CHF", ['pricing: expected a mapping, got string "CHF"']),
+        # Finite as a decimal but not as a double: both pricing RPCs would overflow.
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": "1e400"}, "volumePerGBHour": 0},
+            ["pricing.flavorsPerHour.flex-8-4: must be at most 1000000, got 1e400"],
+        ),
+        (
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": 1}, "volumePerGBHour": 1e300},
+            ["pricing.volumePerGBHour: must be at most 1000000, got 1e+300"],
+        ),
     ],
 )
 def test_pricing_errors(tmp_path: Path, pricing: Any, errors: list[str]) -> None:
@@ -598,3 +607,108 @@ async def test_template_and_check_config_show_interfaces_and_price(
         "interfaces: k8s-nodes (subnet 7a1c0000-0000-4000-8000-000000000102), "
         "price 0.1213 CHF/h (flavor 0.0913 + 50 GB x 0.0006)"
     )
+
+
+# --- requests CA would never send, answered precisely ----------------------------------------
+
+
+async def test_newer_fields_win_when_both_differ(stack: StackFactory) -> None:
+    # CA 1.34.2+ sends both generations with the same values; were they different, the newer
+    # ones (Timestamp, pod_bytes) are the ones read.
+    s = await priced_stack(stack)
+    node = await template_node(s, "cheap")
+    request = node_request(node, 3600, old=False, new=True)
+    request.startTime.seconds, request.endTime.seconds = START, START + 7200
+    reply = await s.stub.PricingNodePrice(request)
+    assert reply.price == float(hourly("flex-16-4", 50))
+    small = pod([container(cpu="500m")])
+    big = pod([container(cpu="2")])
+    request = pod_request(big, 3600, old=False, new=True)
+    request.pod.CopyFrom(small)
+    request.startTime.seconds, request.endTime.seconds = START, START + 7200
+    reply = await s.stub.PricingPodPrice(request)
+    assert reply.price == float(hourly("flex-16-4", 50) / 2)
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "message"),
+    [
+        (
+            pod([container(cpu="-4")]),
+            'pod default/p: container c: requests.cpu: must not be negative, got "-4"',
+        ),
+        (
+            pod([container(cpu="1")], init=[container(memory="-1Gi")]),
+            'pod default/p: init container c: requests.memory: must not be negative, got "-1Gi"',
+        ),
+        (
+            pod([container(cpu="1")], overhead={"cpu": "-100m"}),
+            'pod default/p: overhead.cpu: must not be negative, got "-100m"',
+        ),
+        (
+            pod([container(cpu="1")], pod_level={"cpu": "-1"}),
+            'pod default/p: resources.requests.cpu: must not be negative, got "-1"',
+        ),
+        # Valid Kubernetes syntax, but its price is beyond what CA can read.
+        (
+            pod([container(cpu="1e400")]),
+            "pod default/p: the price over 3600 seconds is beyond a double's range",
+        ),
+    ],
+)
+async def test_pod_price_refuses_absurd_requests(
+    stack: StackFactory, the_pod: core_v1_pb2.Pod, message: str
+) -> None:
+    s = await priced_stack(stack)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(the_pod, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == message
+
+
+async def test_huge_request_without_a_fitting_group_is_named(stack: StackFactory) -> None:
+    s = await priced_stack(stack)
+    gpu_pod = pod([container(**{"nvidia.com/gpu": "1e400"})])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.PricingPodPrice(pod_request(gpu_pod, 3600, old=False, new=True))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == (
+        "pod default/p: no node group has nodes with all it requests "
+        "(nvidia.com/gpu=(beyond a double's range))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "field", "nanos"),
+    [
+        (False, "startTimestamp", -1),
+        (False, "endTimestamp", 10**9),
+        (True, "startTime", -5),
+        (True, "endTime", 2 * 10**9),
+    ],
+)
+async def test_out_of_range_nanos_are_invalid(
+    stack: StackFactory, old: bool, field: str, nanos: int
+) -> None:
+    s = await priced_stack(stack)
+    node = await template_node(s, "cheap")
+    node_req = node_request(node, 3600, old=old, new=not old)
+    pod_req = pod_request(pod([container(cpu="1")]), 3600, old=old, new=not old)
+    for request, call in ((node_req, s.stub.PricingNodePrice), (pod_req, s.stub.PricingPodPrice)):
+        getattr(request, field).nanos = nanos
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(request)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == (
+            f"{field}.nanos must be between 0 and 999999999, got {nanos}"
+        )
+
+
+async def test_the_longest_interval_is_priced(stack: StackFactory) -> None:
+    # The price bound keeps even int64's whole range of seconds a finite double.
+    s = await priced_stack(stack)
+    node = await template_node(s, "cheap")
+    request = pb.PricingNodePriceRequest(node=node)
+    request.startTimestamp.seconds, request.endTimestamp.seconds = -(2**63), 2**63 - 1
+    reply = await s.stub.PricingNodePrice(request)
+    assert reply.price == float(hourly("flex-16-4", 50) * (2**64 - 1) / 3600)

@@ -17,6 +17,9 @@ from cloudscale_autoscaler.configfile.reader import Fields, child, describe, is_
 
 PRICING_KEYS = ("currency", "flavorsPerHour", "volumePerGBHour")
 _CURRENCY = re.compile(r"[A-Z]{3}")
+# Far above any real price per hour in any currency, far enough below a double's range that
+# a price times any interval CA can send (int64 seconds) stays a finite answer.
+MAX_PRICE = Decimal(10**6)
 
 
 def parse_price(value: Any) -> Decimal | str:
@@ -35,6 +38,8 @@ def parse_price(value: Any) -> Decimal | str:
         return f'invalid price "{value}": must be a finite number'
     if price < 0:
         return f"must not be negative, got {value}"
+    if price > MAX_PRICE:
+        return f"must be at most {MAX_PRICE}, got {value}"
     return price
 
 

@@ -36,6 +36,7 @@ from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.protos.k8s.apimachinery import resource_pb2
 from cloudscale_autoscaler.template.allocatable import PODS, node_allocatable, node_capacity
 from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
 from cloudscale_autoscaler.template.quantity import parse_quantity
@@ -68,11 +69,39 @@ def price_for(hourly: Decimal, seconds: Fraction) -> Fraction:
     return Fraction(hourly) * seconds / SECONDS_PER_HOUR
 
 
+def as_double(price: Fraction, what: str, seconds: Fraction) -> float:
+    """The answer CA reads (a double). Prices are bounded by the loader, so only an absurd
+    request (a huge interval or pod request) gets here with a price beyond a double's range."""
+    try:
+        return float(price)
+    except OverflowError as error:
+        raise InvalidArgument(
+            f"{what}: the price over {float(seconds):g} seconds is beyond a double's range"
+        ) from error
+
+
 # ---- pods ----------------------------------------------------------------------------------
 
 
-def _requests(resources: core_v1_pb2.ResourceRequirements) -> dict[str, Fraction]:
-    return {name: parse_quantity(q.string) for name, q in resources.requests.items()}
+def _quantities(quantities: Mapping[str, resource_pb2.Quantity], where: str) -> dict[str, Fraction]:
+    """Parsed and non-negative (the API server refuses negative requests; priced, one would
+    lower the price of the pod it is in). ValueError naming where the quantity is."""
+    parsed = {}
+    for name, quantity in quantities.items():
+        at = f"{where}.{clip(name)}"
+        try:
+            amount = parse_quantity(quantity.string)
+        except ValueError as error:
+            raise ValueError(f"{at}: {error}") from error
+        if amount < 0:
+            raise ValueError(f'{at}: must not be negative, got "{clip(quantity.string)}"')
+        parsed[name] = amount
+    return parsed
+
+
+def _requests(container: core_v1_pb2.Container, kind: str) -> dict[str, Fraction]:
+    where = f"{kind} {clip(container.name) or '(no name)'}: requests"
+    return _quantities(container.resources.requests, where)
 
 
 def _add(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
@@ -90,15 +119,15 @@ def pod_requests(pod: core_v1_pb2.Pod) -> dict[str, Fraction]:
     requests summed; init containers run one at a time before them, so the pod needs at least
     the largest of them, plus the sidecars (init containers with restartPolicy Always, which
     keep running and add to everything after them); pod-level requests where given; plus the
-    pod overhead. Raises ValueError for a malformed quantity."""
+    pod overhead. Raises ValueError for a malformed or negative quantity."""
     spec = pod.spec
     total: dict[str, Fraction] = {}
     for container in spec.containers:
-        _add(total, _requests(container.resources))
+        _add(total, _requests(container, "container"))
     sidecars: dict[str, Fraction] = {}
     init_peak: dict[str, Fraction] = {}
     for container in spec.initContainers:
-        requests = _requests(container.resources)
+        requests = _requests(container, "init container")
         if container.restartPolicy == SIDECAR_RESTART_POLICY:
             _add(total, requests)
             _add(sidecars, requests)
@@ -109,8 +138,8 @@ def pod_requests(pod: core_v1_pb2.Pod) -> dict[str, Fraction]:
         _raise_to(init_peak, running)
     _raise_to(total, init_peak)
     if spec.HasField("resources"):
-        total.update(_requests(spec.resources))
-    _add(total, {name: parse_quantity(q.string) for name, q in spec.overhead.items()})
+        total.update(_quantities(spec.resources.requests, "resources.requests"))
+    _add(total, _quantities(spec.overhead, "overhead"))
     return total
 
 
@@ -185,7 +214,8 @@ class Pricer:
         seconds: Fraction,
     ) -> float:
         group = self._node_group(provider_id, name, labels, annotations)
-        return float(price_for(self._hourly[group], seconds))
+        shown = f"node {clip(name) or '(no name)'}"
+        return as_double(price_for(self._hourly[group], seconds), shown, seconds)
 
     def _node_group(
         self, provider_id: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]
@@ -235,11 +265,11 @@ class Pricer:
             raise InvalidArgument(f"pod {_pod_name(pod)}: {clip(str(error))}") from error
         price = cheapest_pod_price(requests, await self._current_offers(), seconds)
         if price is None:
-            wanted = clip(", ".join(f"{k}={float(v):g}" for k, v in sorted(requests.items())))
+            wanted = clip(", ".join(f"{k}={_amount(v)}" for k, v in sorted(requests.items())))
             raise FailedPrecondition(
                 f"pod {_pod_name(pod)}: no node group has nodes with all it requests ({wanted})"
             )
-        return float(price)
+        return as_double(price, f"pod {_pod_name(pod)}", seconds)
 
     async def _current_offers(self) -> list[Offer]:
         flavors = await self._catalog.flavors()
@@ -258,6 +288,13 @@ class Pricer:
             allocatable = node_allocatable(capacity, group.kubelet)
             offers.append(Offer(group.name, self._hourly[group.name], allocatable))
         return offers
+
+
+def _amount(amount: Fraction) -> str:
+    try:
+        return f"{float(amount):g}"
+    except OverflowError:  # a request of 1e400 is valid Kubernetes syntax
+        return "(beyond a double's range)"
 
 
 def _pod_name(pod: core_v1_pb2.Pod) -> str:

@@ -20,29 +20,33 @@ from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
 
 _NANOS = 10**9
 Moment = timestamp_pb2.Timestamp | meta_v1_pb2.Time
+Request = pb.PricingNodePriceRequest | pb.PricingPodPriceRequest
+# Newest generation first: the first complete pair wins.
+_PAIRS = (("startTimestamp", "endTimestamp"), ("startTime", "endTime"))
 
 
-def _seconds(moment: Moment) -> Fraction:
+def _seconds(request: Request, field: str) -> Fraction:
+    moment: Moment = getattr(request, field)
+    if not 0 <= moment.nanos < _NANOS:
+        raise InvalidArgument(
+            f"{field}.nanos must be between 0 and {_NANOS - 1}, got {moment.nanos}"
+        )
     return moment.seconds + Fraction(moment.nanos, _NANOS)
 
 
-def _interval(request: pb.PricingNodePriceRequest | pb.PricingPodPriceRequest) -> Fraction:
+def _interval(request: Request) -> Fraction:
     """The request's interval in seconds, from the Timestamp pair if sent, else the older
     meta.v1 Time pair."""
-    chosen: tuple[Moment, Moment] | None = None
-    if request.HasField("startTimestamp") and request.HasField("endTimestamp"):
-        chosen = (request.startTimestamp, request.endTimestamp)
-    elif request.HasField("startTime") and request.HasField("endTime"):
-        chosen = (request.startTime, request.endTime)
-    if chosen is None:
-        raise InvalidArgument(
-            "missing interval: expected startTimestamp and endTimestamp (or the older "
-            "startTime and endTime)"
-        )
-    try:
-        return interval_seconds(_seconds(chosen[0]), _seconds(chosen[1]))
-    except ValueError as error:
-        raise InvalidArgument(str(error)) from error
+    for start, end in _PAIRS:
+        if request.HasField(start) and request.HasField(end):
+            try:
+                return interval_seconds(_seconds(request, start), _seconds(request, end))
+            except ValueError as error:
+                raise InvalidArgument(str(error)) from error
+    raise InvalidArgument(
+        "missing interval: expected startTimestamp and endTimestamp (or the older "
+        "startTime and endTime)"
+    )
 
 
 def node_price(pricer: Pricer, request: pb.PricingNodePriceRequest) -> pb.PricingNodePriceResponse:

@@ -58,10 +58,15 @@ def load_group(tmp_path: Path, **fields: Any) -> Any:
             (NetworkInterface("public"), NetworkInterface("k8s-nodes", NODES_LPG_B)),
         ),
         ([{"network": NODES_LPG}], (NetworkInterface(NODES_LPG),)),
+        # UUIDs are kept in their canonical lowercase form: the API's lookups may be exact.
+        (
+            [{"network": NODES_LPG.upper(), "subnet": NODES_LPG_B.upper()}],
+            (NetworkInterface(NODES_LPG, NODES_LPG_B),),
+        ),
     ],
 )
 def test_interfaces_parse(tmp_path: Path, interfaces: list[Any], expected: Any) -> None:
-    config = load_group(tmp_path, interfaces=interfaces)
+    config = load_group(tmp_path, zone="lpg1", interfaces=interfaces)
     assert config.node_groups[0].interfaces == expected
 
 
@@ -132,12 +137,38 @@ def test_no_interfaces_means_the_use_flags(tmp_path: Path) -> None:
                 "nodeGroups[0].interfaces[1]"
             ],
         ),
+        (
+            {"interfaces": [{"network": NODES_LPG}, {"network": NODES_LPG.upper()}]},
+            [
+                f'nodeGroups[0].interfaces[1]: network "{NODES_LPG}" is already attached by '
+                "nodeGroups[0].interfaces[0]"
+            ],
+        ),
     ],
 )
 def test_interfaces_errors(tmp_path: Path, fields: dict[str, Any], errors: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_group(tmp_path, **fields)
+        load_group(tmp_path, **{"zone": "lpg1", **fields})
     assert caught.value.errors == errors
+
+
+@pytest.mark.parametrize(
+    "interfaces",
+    [
+        [{"network": "k8s-nodes"}],
+        ["public", {"network": NODES_LPG, "subnet": NODES_LPG_A}],
+    ],
+)
+def test_private_networks_need_the_groups_zone(tmp_path: Path, interfaces: list[Any]) -> None:
+    # Networks are zonal: without a zone the API picks the project's default zone, and every
+    # create would be refused although check-config --online had nothing to compare.
+    with pytest.raises(ConfigError) as caught:
+        load_group(tmp_path, interfaces=interfaces)
+    assert caught.value.errors == [
+        "nodeGroups[0].zone: required when interfaces name a private network: networks are "
+        "zonal, and without a zone the API creates servers in the project's default zone"
+    ]
+    assert load_group(tmp_path, interfaces=["public"]).node_groups[0].zone is None
 
 
 # --- emulator -------------------------------------------------------------------------------
@@ -294,6 +325,25 @@ async def test_private_only_group_creates_servers_with_exactly_that_interface(
         [address] = interface["addresses"]
         assert address["subnet"]["uuid"] == NODES_LPG_B
         assert ipaddress.ip_address(address["address"]) in ipaddress.ip_network("10.20.1.0/24")
+
+
+async def test_uuids_written_in_uppercase_create_servers(
+    stack: StackFactory, tmp_path: Path
+) -> None:
+    # The loader's interfaces feed the create path: the API need not match UUIDs ignoring case.
+    loaded = load_group(
+        tmp_path,
+        zone="lpg1",
+        interfaces=[{"network": NODES_LPG.upper(), "subnet": NODES_LPG_B.upper()}],
+    )
+    workers = group("workers", 0, 5, interfaces=loaded.node_groups[0].interfaces)
+    s = await stack(groups=[workers])
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
+    await s.settle("workers")
+    [server] = await s.cloud_servers("workers")
+    [interface] = server["interfaces"]
+    assert interface["network"]["uuid"] == NODES_LPG
+    assert interface["addresses"][0]["subnet"]["uuid"] == NODES_LPG_B
 
 
 @pytest.mark.parametrize(

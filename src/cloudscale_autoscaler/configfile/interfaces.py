@@ -18,6 +18,10 @@ ENTRY_KEYS = ("network", "subnet")
 # The API's own keys for fixed addresses, refused with a reason rather than "unknown key".
 _ADDRESS_KEYS = ("address", "addresses")
 EXCLUSIVE_KEYS = ("usePublicNetwork", "usePrivateNetwork")
+ZONE_REQUIRED = (
+    "required when interfaces name a private network: networks are zonal, and without a zone "
+    "the API creates servers in the project's default zone"
+)
 NO_FIXED_ADDRESS = (
     "fixed addresses are not supported: every server of the group would get the same "
     "address; the API assigns one from the subnet"
@@ -45,6 +49,8 @@ def parse_interfaces(group: Fields) -> tuple[NetworkInterface, ...] | None:
         if entry is not None:
             parsed.append((index, entry))
     _check_duplicates(group.issues, at, parsed)
+    if any(not entry.public for _, entry in parsed) and not group.present("zone"):
+        group.issues.add(group.at("zone"), ZONE_REQUIRED)
     return tuple(entry for _, entry in parsed)
 
 
@@ -73,7 +79,10 @@ def _entry(issues: Issues, path: str, raw: Any) -> NetworkInterface | None:
             return None
         if not issues.check(fields.at("subnet"), uuid_error(subnet)):
             return None
-    return NetworkInterface(network, subnet)
+    # UUIDs in their canonical lowercase form: the API's lookups need not ignore case.
+    if uuid_error(network) is None:
+        network = network.lower()
+    return NetworkInterface(network, subnet.lower() if subnet is not None else None)
 
 
 def _check_duplicates(

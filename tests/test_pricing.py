@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -491,29 +492,40 @@ async def test_without_pricing_both_rpcs_stay_unimplemented(stack: StackFactory)
 # --- CA's price expander, reproduced from the RPC answers ---------------------------------------
 
 
-async def expander_choice(s: Stack, pods: list[core_v1_pb2.Pod]) -> str:
-    """expander/price/price.go's BestOptions for two options that schedule the same pods on
-    one new node each: score = unfitness x (nodePrice + stab) / (sum podPrice + stab), with
-    unfitness against CA's preferred node for a small cluster (1 CPU)."""
-    stabilization = pod([container(cpu="500m", memory="500Mi")])
-    stab = (
-        await s.stub.PricingPodPrice(pod_request(stabilization, 3600, old=True, new=True))
-    ).price
-    pod_total = 0.0
-    for p in pods:
-        pod_total += (await s.stub.PricingPodPrice(pod_request(p, 3600, old=True, new=True))).price
+# (group, node count, the pods the option schedules), as CA's expander.Option
+Option = tuple[str, int, list[core_v1_pb2.Pod]]
+
+
+async def expander_choice(
+    s: Stack, options: list[Option], constant_pod_price: float | None = None
+) -> str:
+    """expander/price/price.go's BestOption: per option, score = suppressed unfitness x
+    (count x nodePrice + stab) / (sum of podPrices + stab), where stab is the price of a
+    500m/500Mi pod, suppressed = (unfitness - 1) x (1 - tanh((count - 1) / 15)) + 1, and
+    unfitness is against CA's preferred node for a small cluster (1 CPU); lowest wins.
+    `constant_pod_price` replaces every PodPrice answer, to show what a model that ignored the
+    pod would choose."""
+
+    async def pod_price(p: core_v1_pb2.Pod) -> float:
+        if constant_pod_price is not None:
+            return constant_pod_price
+        return (await s.stub.PricingPodPrice(pod_request(p, 3600, old=True, new=True))).price
+
+    stab = await pod_price(pod([container(cpu="500m", memory="500Mi")]))
     scores = {}
-    for group_id in ("cheap", "dear"):
+    for group_id, count, pods in options:
         node = await template_node(s, group_id)
         node_price = (
             await s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True))
         ).price
+        pod_total = sum([await pod_price(p) for p in pods])
         reply = await s.stub.NodeGroupTemplateNodeInfo(
             pb.NodeGroupTemplateNodeInfoRequest(id=group_id)
         )
         cpu = float(core_v1_pb2.Node.FromString(reply.nodeBytes).status.capacity["cpu"].string)
         unfitness = max(1.0 / cpu, cpu / 1.0)
-        scores[group_id] = unfitness * (node_price + stab) / (pod_total + stab)
+        suppressed = (unfitness - 1.0) * (1.0 - math.tanh((count - 1) / 15.0)) + 1.0
+        scores[group_id] = suppressed * (count * node_price + stab) / (pod_total + stab)
     return min(scores, key=lambda g: scores[g])
 
 
@@ -537,7 +549,21 @@ async def test_price_expander_picks_the_cheaper_group(
         pricing=pricing,
     )
     pods = [pod([container(cpu="1", memory="2Gi")]) for _ in range(3)]
-    assert await expander_choice(s, pods) == winner
+    assert await expander_choice(s, [("cheap", 1, pods), ("dear", 1, pods)]) == winner
+
+
+async def test_price_expander_weighs_what_each_option_schedules(stack: StackFactory) -> None:
+    # The cheap group's node would run only a small pod, the dear group's node a big one: per
+    # unit of work the dear option is the better buy, which only a PodPrice that follows the
+    # pod's requests can tell. A PodPrice that ignored the pod would pick the cheap node.
+    s = await priced_stack(stack)
+    options: list[Option] = [
+        ("cheap", 1, [pod([container(cpu="250m")])]),
+        ("dear", 1, [pod([container(cpu="3", memory="4Gi")])]),
+    ]
+    assert await expander_choice(s, options) == "dear"
+    for constant in (0.01, 0.05, 1.0):
+        assert await expander_choice(s, options, constant_pod_price=constant) == "cheap"
 
 
 async def test_pod_price_errors(stack: StackFactory) -> None:

@@ -210,6 +210,13 @@ def create_body(**fields: Any) -> dict[str, Any]:
             [{"network": "public"}, {"network": NODES_LPG, "addresses": []}],
             [("public", None, None), ("private", NODES_LPG, None)],
         ),
+        # The SDKs' subnet is optional: a fixed address picks the network's subnet holding it,
+        # an empty entry the network's first subnet.
+        (
+            [{"network": NODES_LPG, "addresses": [{"address": "10.20.1.50"}]}],
+            [("private", NODES_LPG, NODES_LPG_B)],
+        ),
+        ([{"network": NODES_LPG, "addresses": [{}]}], [("private", NODES_LPG, NODES_LPG_A)]),
     ],
 )
 async def test_emulator_creates_the_requested_interfaces(
@@ -229,10 +236,16 @@ async def test_emulator_creates_the_requested_interfaces(
         subnets = [a["subnet"]["uuid"] for a in interface["addresses"]]
         seen.append(("private", interface["network"]["uuid"], subnets[0] if subnets else None))
     assert seen == expected
+    fixed = {a.get("address") for i in interfaces for a in i.get("addresses", [])}
     for interface in listed:
+        if interface["type"] == "public":
+            continue
         for address in interface["addresses"]:
-            cidr = ipaddress.ip_network(address["subnet"]["cidr"])
-            assert ipaddress.ip_address(address["address"]) in cidr
+            assert address["gateway"] is None  # the emulator's subnets set no gateway_address
+            ip = ipaddress.ip_address(address["address"])
+            assert ip in ipaddress.ip_network(address["subnet"]["cidr"])
+            # Assigned addresses come from the DHCP range .101-.254.
+            assert address["address"] in fixed or 101 <= int(ip) % 256 <= 254
 
 
 @pytest.mark.parametrize(
@@ -286,6 +299,39 @@ async def test_emulator_creates_the_requested_interfaces(
         (
             {"interfaces": [{"network": "public"}, {"network": "nope"}]},
             {"interfaces": [{}, {"network": ["Object with uuid=nope does not exist."]}]},
+        ),
+        (
+            {"interfaces": [{"network": NODES_LPG, "addresses": [{"address": "10.30.0.50"}]}]},
+            {
+                "interfaces": [
+                    {
+                        "addresses": [
+                            {
+                                "address": [
+                                    f"Address 10.30.0.50 is not in any subnet of network "
+                                    f"{NODES_LPG}."
+                                ]
+                            }
+                        ]
+                    }
+                ]
+            },
+        ),
+        (
+            {"interfaces": [{"addresses": [{"address": "10.20.0.50"}]}]},
+            {
+                "interfaces": [
+                    {
+                        "addresses": [
+                            {
+                                "subnet": [
+                                    "This field is required when the interface has no network."
+                                ]
+                            }
+                        ]
+                    }
+                ]
+            },
         ),
         ({"interfaces": []}, {"interfaces": ["This list may not be empty."]}),
         (

@@ -2,9 +2,10 @@
 
 Request shape (cloudscale's SDKs: InterfaceRequest{network, addresses[{subnet, address}]}):
 `{"network": "public"}`, `{"network": <uuid>}`, `{"network": <uuid>, "addresses": [{"subnet":
-<uuid>}]}`, `{"addresses": [{"subnet": <uuid>}]}` (network taken from the subnet) and
-`{"network": <uuid>, "addresses": []}` (attached without an address). Error texts, the zone
-rule and the choice of subnet are the emulator's assumptions (docs/emulator.md).
+<uuid>}]}`, `{"addresses": [{"subnet": <uuid>}]}` (network taken from the subnet),
+`{"network": <uuid>, "addresses": [{"address": <ip>}]}` (subnet omitted, as the SDKs allow)
+and `{"network": <uuid>, "addresses": []}` (attached without an address). Error texts, the
+zone rule and the choice of subnet are the emulator's assumptions (docs/emulator.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import PRIVATE, ZONES, href
 PUBLIC = "public"
 INVALID_DICT = "Invalid data. Expected a dictionary, but got {kind}."
 DEFAULT_MTU = 9000
+DHCP_RANGE = (101, 254)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +38,11 @@ class SubnetSpec:
         return {"href": href(base, "subnets", self.uuid), "uuid": self.uuid, "cidr": self.cidr}
 
     def address(self, host: int) -> str:
-        """Host number `host` of the subnet, wrapping; .1-.9 stay free for gateways."""
-        net = self.net
-        usable = max(net.num_addresses - 12, 1)
-        return str(net.network_address + 10 + host % usable)
+        """The `host`-th address of the subnet's DHCP range, wrapping: cloudscale's Ansible
+        collection documents it as .101-.254 of the subnet's lowest /24."""
+        first, last = DHCP_RANGE
+        size = min(last, self.net.num_addresses - 2) - first + 1
+        return str(self.net.network_address + first + host % max(size, 1))
 
     def contains(self, address: str) -> bool:
         try:
@@ -151,6 +154,29 @@ def _kind(value: Any) -> str:
     return "list" if isinstance(value, list) else type(value).__name__
 
 
+def _without_subnet(
+    fixed: Any, network: PrivateNetworkSpec | None, network_given: bool
+) -> tuple[dict[str, Any], Attached | None]:
+    """An address entry without `subnet` (the SDKs' subnet is optional): the subnet is the
+    network's one that holds the fixed address, else its first."""
+    if network is None:
+        # Without a network there is nothing to take the subnet from; an unknown network
+        # is already reported on its own field.
+        missing = {"subnet": ["This field is required when the interface has no network."]}
+        return ({} if network_given else missing), None
+    if fixed is None:
+        subnet = network.subnets[0] if network.subnets else None
+        if subnet is None:
+            return {"subnet": [f"Network {network.uuid} has no subnet."]}, None
+        return {}, Attached(network, subnet)
+    subnet = next((s for s in network.subnets if s.contains(str(fixed))), None)
+    if subnet is None:
+        return {
+            "address": [f"Address {fixed} is not in any subnet of network {network.uuid}."]
+        }, None
+    return {}, Attached(network, subnet, fixed)
+
+
 class _Item:
     """Errors of one `interfaces` entry, in DRF's nested shape."""
 
@@ -173,16 +199,16 @@ class _Item:
         return network
 
     def address(
-        self, raw: Any, network: PrivateNetworkSpec | None
+        self, raw: Any, network: PrivateNetworkSpec | None, network_given: bool
     ) -> tuple[dict[str, Any], Attached | None]:
         if not isinstance(raw, dict):
             return {"non_field_errors": [INVALID_DICT.format(kind=_kind(raw))]}, None
+        if raw.get("subnet") is None:
+            return _without_subnet(raw.get("address"), network, network_given)
         errors: dict[str, list[str]] = {}
-        ident = raw.get("subnet")
+        ident = raw["subnet"]
         subnet = SUBNETS.get(ident) if isinstance(ident, str) else None
-        if ident is None:
-            errors["subnet"] = ["This field is required."]
-        elif subnet is None:
+        if subnet is None:
             errors["subnet"] = [f"Object with uuid={ident} does not exist."]
         elif network is not None and subnet.network_uuid != network.uuid:
             errors["subnet"] = [f"Subnet {ident} does not belong to network {network.uuid}."]
@@ -222,7 +248,7 @@ class _Item:
             return None
         if not addresses:
             return Attached(network) if network is not None else None  # attached, no address
-        results = [self.address(entry, network) for entry in addresses[:1]]
+        results = [self.address(entry, network, "network" in raw) for entry in addresses[:1]]
         if len(addresses) > 1:
             self.fail("addresses", "Only one address per interface is supported.")
         errors, attached = results[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Awaitable
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -325,6 +326,12 @@ async def template_node(s: Stack, group_id: str) -> pb.ExternalGrpcNode:
     )
 
 
+async def refusal(call: Awaitable[object]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
 GENERATIONS = [
     pytest.param(True, False, id="old-fields"),
     pytest.param(True, True, id="both"),
@@ -408,10 +415,8 @@ async def test_unknown_node_is_not_found(
     stack: StackFactory, node: pb.ExternalGrpcNode, message: str
 ) -> None:
     s = await priced_stack(stack)
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True))
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    assert caught.value.details() == message
+    error = await refusal(s.stub.PricingNodePrice(node_request(node, 3600, old=True, new=True)))
+    assert (error.code(), error.details()) == (grpc.StatusCode.NOT_FOUND, message)
 
 
 async def test_same_flavor_with_different_prices_is_ambiguous(stack: StackFactory) -> None:
@@ -686,10 +691,8 @@ async def test_pod_price_refuses_absurd_requests(
     stack: StackFactory, the_pod: core_v1_pb2.Pod, message: str
 ) -> None:
     s = await priced_stack(stack)
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await s.stub.PricingPodPrice(pod_request(the_pod, 3600, old=False, new=True))
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == message
+    error = await refusal(s.stub.PricingPodPrice(pod_request(the_pod, 3600, old=False, new=True)))
+    assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 async def test_huge_request_without_a_fitting_group_is_named(stack: StackFactory) -> None:

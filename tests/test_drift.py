@@ -15,12 +15,16 @@ import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
 from cloudscale_autoscaler.config import KubeletConfig, NodeGroupConfig, Taint
+from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
+from cloudscale_autoscaler.kube.command import exit_code, render
 from cloudscale_autoscaler.kube.drift import (
     ABSENT,
     Difference,
+    GroupDrift,
     advise,
     compare_node,
     format_ratio,
+    informational,
     kind_of,
     relative_difference,
     settled,
@@ -116,9 +120,17 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
         [Difference("allocatable.cpu", "4", "8", 1.0)],
     ),
     (
-        "smaller root file system",
-        mutate("status.capacity.ephemeral-storage", "40Gi"),
-        [Difference("capacity.ephemeral-storage", "50Gi", "40Gi", -0.2)],
+        "capacity below the flavor and volume is informational (kernel, file system)",
+        lambda n: (
+            mutate("status.capacity.memory", "7800Mi")(n),
+            mutate("status.capacity.ephemeral-storage", "40Gi")(n),
+        ),
+        [],
+    ),
+    (
+        "smaller root file system shows in allocatable",
+        mutate("status.allocatable.ephemeral-storage", "40Gi"),
+        [Difference("allocatable.ephemeral-storage", "45Gi", "40Gi", -1 / 9)],
     ),
     (
         "pods capacity from another maxPods",
@@ -126,10 +138,7 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
             mutate("status.capacity.pods", "250")(n),
             mutate("status.allocatable.pods", "250")(n),
         ),
-        [
-            Difference("capacity.pods", "110", "250", (250 - 110) / 110),
-            Difference("allocatable.pods", "110", "250", (250 - 110) / 110),
-        ],
+        [Difference("allocatable.pods", "110", "250", (250 - 110) / 110)],
     ),
     (
         "a GPU the template does not promise",
@@ -196,6 +205,18 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
                     "effect": "NoSchedule",
                 },
                 {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"},
+                {
+                    "key": "startup-taint.cluster-autoscaler.kubernetes.io/cni",
+                    "effect": "NoSchedule",
+                },
+                {
+                    "key": "ignore-taint.cluster-autoscaler.kubernetes.io/csi",
+                    "effect": "NoSchedule",
+                },
+                {
+                    "key": "status-taint.cluster-autoscaler.kubernetes.io/gpu",
+                    "effect": "NoSchedule",
+                },
             ],
         ),
         [],
@@ -204,12 +225,11 @@ ROWS: list[tuple[str, Callable[[Node], None], list[Difference]]] = [
         "node without status",
         mutate("status", None),
         [
-            Difference(f"{field}.{resource}", value, ABSENT, -1.0)
-            for field in ("capacity", "allocatable")
+            Difference(f"allocatable.{resource}", value, ABSENT, -1.0)
             for resource, value in (
                 ("cpu", "4"),
-                ("memory", "8Gi" if field == "capacity" else "7580Mi"),
-                ("ephemeral-storage", "50Gi" if field == "capacity" else "45Gi"),
+                ("memory", "7580Mi"),
+                ("ephemeral-storage", "45Gi"),
                 ("pods", "110"),
             )
         ],
@@ -251,17 +271,14 @@ ADVICE: list[tuple[Difference, str]] = [
         f"raise {G}.kubelet.systemReserved.cpu by 100m",
     ),
     (
-        Difference("capacity.memory", "8Gi", "7800Mi", -0.05),
-        f"raise {G}.kubelet.systemReserved.memory by 392Mi (the kernel keeps it)",
+        Difference("allocatable.ephemeral-storage", "45Gi", "40Gi", -1 / 9),
+        f"raise {G}.kubelet.systemReserved.ephemeral-storage by 5Gi (or set {G}.volumeSizeGB "
+        "to the servers' root volume size)",
     ),
     (
-        Difference("capacity.ephemeral-storage", "50Gi", "100Gi", 1.0),
-        f"set {G}.volumeSizeGB to 100 if that is the servers' root volume; otherwise the file "
-        f"system keeps 50Gi: raise {G}.kubelet.systemReserved.ephemeral-storage by 50Gi",
-    ),
-    (
-        Difference("capacity.cpu", "4", "8", 1.0),
-        f"the nodes report 8 CPUs: check {G}.flavor (flex-8-4)",
+        Difference("allocatable.ephemeral-storage", "45Gi", "95Gi", 10 / 9),
+        f"lower {G}.kubelet reservations of ephemeral-storage (systemReserved, kubeReserved, "
+        f"evictionHard) by 50Gi (or set {G}.volumeSizeGB to the servers' root volume size)",
     ),
     (
         Difference("allocatable.pods", "110", "250", 1.27),
@@ -360,7 +377,7 @@ def test_gpu_template_expects_the_device_plugin() -> None:
     for field in ("capacity", "allocatable"):
         del live["status"][field]["nvidia.com/gpu"]
     fields = {d.field for d in compare_node(promised, live, TOLERANCE)}
-    assert fields == {"capacity.nvidia.com/gpu", "allocatable.nvidia.com/gpu"}
+    assert fields == {"allocatable.nvidia.com/gpu"}
 
 
 @pytest.mark.parametrize(
@@ -378,3 +395,38 @@ def test_only_settled_nodes_are_compared(change: Callable[[Node], None], expecte
     node = live_twin()
     change(node)
     assert settled(node) is expected
+
+
+def test_capacity_is_informational_only() -> None:
+    assert [informational(f) for f in ("capacity.memory", "allocatable.memory", 'labels["a"]')] == [
+        True,
+        False,
+        False,
+    ]
+
+
+def _report(problem: str | None, drifts: int) -> DriftReport:
+    drift = GroupDrift("a", "allocatable.cpu", "n", Difference("allocatable.cpu", "4", "2", -0.5),
+                       1, 1, "raise")  # fmt: skip
+    return DriftReport(
+        [GroupReport("a", 1, drifts=[drift] * drifts), GroupReport("b", 1, problem=problem)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("problem", "drifts", "code", "summary"),
+    [
+        (None, 0, 0, "No drift"),
+        (None, 1, 1, "What to change"),
+        ("no template: unknown flavor", 0, 2, "Error: node group(s) b not compared"),
+        ("no template: unknown flavor", 1, 2, "Error: node group(s) b not compared"),
+    ],
+)
+def test_a_group_not_compared_is_an_error(
+    problem: str | None, drifts: int, code: int, summary: str
+) -> None:
+    report = _report(problem, drifts)
+    assert exit_code(report) == code
+    out = render(report)
+    assert summary in out
+    assert ("No drift" in out) is (code == 0)

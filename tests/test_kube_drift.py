@@ -223,7 +223,7 @@ async def test_drift_command_prints_the_table_and_exits_by_verdict(
         "8Gi",
         f"match-{suffix}",
         "+0.0%",
-        "ok",
+        "info",
     ] in rows
     assert [
         "workers",

@@ -50,6 +50,11 @@ class DriftReport:
     def drifted(self) -> bool:
         return any(group.drifts for group in self.groups)
 
+    @property
+    def failed(self) -> bool:
+        """Some group could not be compared."""
+        return any(group.problem for group in self.groups)
+
 
 def node_name(node: Node) -> str:
     return str((node.get("metadata") or {}).get("name") or "?")

@@ -16,6 +16,7 @@ from pathlib import Path
 from cloudscale_autoscaler.config import Config, ConfigError, KubernetesConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
+from cloudscale_autoscaler.kube.drift import informational
 
 EXIT_CLEAN = 0
 EXIT_DRIFT = 1
@@ -38,6 +39,13 @@ def drift_command(config_path: Path, kubeconfig: Path | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     sys.stdout.write(render(report))
+    return exit_code(report)
+
+
+def exit_code(report: DriftReport) -> int:
+    """A group not compared is an error even when the others drift: its verdict is unknown."""
+    if report.failed:
+        return EXIT_ERROR
     return EXIT_DRIFT if report.drifted else EXIT_CLEAN
 
 
@@ -70,7 +78,7 @@ def _group_rows(group: GroupReport) -> list[tuple[str, ...]]:
     drifted = {drift.field for drift in group.drifts}
     rows: list[tuple[str, ...]] = []
     for field, (node, comparison) in sorted(group.worst.items()):
-        status = "DRIFT" if field in drifted else "ok"
+        status = "info" if informational(field) else "DRIFT" if field in drifted else "ok"
         cells = (comparison.template, comparison.live, node, f"{comparison.ratio:+.1%}", status)
         rows.append((group.group, str(group.nodes), field, *cells))
     for drift in group.drifts:
@@ -99,8 +107,19 @@ def render(report: DriftReport) -> str:
         for group in report.groups
         for drift in group.drifts
     ]
+    if any(informational(field) for group in report.groups for field in group.worst):
+        out += (
+            "\ninfo: capacity is shown for information (a node reports a little less than its "
+            "flavor); only allocatable, labels and taints count as drift.\n"
+        )
     if advice:
         out += "\nWhat to change:\n" + "\n".join(advice) + "\n"
-    else:
+    failed = [group.group for group in report.groups if group.problem]
+    if failed:
+        out += (
+            f"\nError: node group(s) {', '.join(failed)} not compared: their template could not "
+            "be built (see the ERROR rows).\n"
+        )
+    elif not advice:
         out += "\nNo drift: every compared node matches its group's template.\n"
     return out

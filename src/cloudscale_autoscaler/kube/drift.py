@@ -4,22 +4,27 @@ Pure functions over Node objects in their JSON form (the template as `node_to_di
 live Nodes as the API returns them), so the rules are table-tested without a cluster.
 
 What is compared, and why:
-- capacity and allocatable of cpu, memory, ephemeral-storage, pods and nvidia.com/gpu. A
-  difference counts when it exceeds the tolerance relative to the template (default 3%: a real
-  node's memory is a little below the flavor's because the kernel keeps some, and a file system
-  loses a little to metadata). A resource the node does not report counts as 0.
+- allocatable of cpu, memory, ephemeral-storage, pods and nvidia.com/gpu: what the scheduler
+  and CA's simulation fit pods into. A difference counts when it exceeds the tolerance relative
+  to the template (default 3%). A resource the node does not report counts as 0.
+- capacity of the same resources, for information only (gauge and table, never a warning or
+  the verdict): the template's capacity is the flavor's memory and the volume's size, while a
+  real node reports a few percent less (the kernel keeps memory, the file system metadata), and
+  no config setting changes a node's capacity. What those losses cost shows in allocatable, and
+  the kubelet reservations that absorb them are what the advice names.
 - the template's labels, except kubernetes.io/hostname (it names each node): pods selecting on
   a label the template promises but nodes lack trigger scale-ups that never help.
 - only settled nodes: Ready, and initialized by the cloud controller manager.
 - taints, both ways, ignoring those Kubernetes and CA set and remove on their own (not-ready,
-  unreachable, uninitialized, pressure, CA's deletion marks): a taint only one side has makes
+  unreachable, uninitialized, pressure, CA's deletion marks, and CA's startup, ignore and
+  status taint prefixes, which CA also drops from templates): a taint only one side has makes
   CA's simulation and the scheduler disagree.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,7 +34,6 @@ from cloudscale_autoscaler.template.allocatable import (
     CPU,
     EPHEMERAL_STORAGE,
     FORMATS,
-    GIB,
     MEMORY,
     NVIDIA_GPU,
     PODS,
@@ -44,6 +48,8 @@ from cloudscale_autoscaler.template.quantity import format_quantity, parse_quant
 
 RESOURCES = (CPU, MEMORY, EPHEMERAL_STORAGE, PODS, NVIDIA_GPU)
 STATUS_FIELDS = ("capacity", "allocatable")
+# The status field whose differences are drift; the other (capacity) is informational.
+VERDICT_FIELD = "allocatable"
 ABSENT = "(absent)"
 UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
 # Taints that come and go with a node's state, set by Kubernetes controllers or CA itself.
@@ -62,6 +68,14 @@ TRANSIENT_TAINTS = frozenset(
         "ToBeDeletedByClusterAutoscaler",
         "DeletionCandidateOfClusterAutoscaler",
     }
+)
+# Prefixes of taints CA itself leaves out of templates built from live nodes (its taints
+# package: IgnoreTaintPrefix, StartupTaintPrefix, StatusTaintPrefix): startup and status taints
+# that come and go on a working node.
+TRANSIENT_TAINT_PREFIXES = (
+    "ignore-taint.cluster-autoscaler.kubernetes.io/",
+    "startup-taint.cluster-autoscaler.kubernetes.io/",
+    "status-taint.cluster-autoscaler.kubernetes.io/",
 )
 # Labels that differ per node by design.
 PER_NODE_LABELS = frozenset({LABEL_HOSTNAME})
@@ -122,11 +136,17 @@ def compare_resources(template: Node, live: Node) -> list[ResourceComparison]:
     return found
 
 
+def informational(field: str) -> bool:
+    """A resource field shown but never counted as drift (capacity: see the module doc)."""
+    kind, dot, _ = field.partition(".")
+    return bool(dot) and kind in STATUS_FIELDS and kind != VERDICT_FIELD
+
+
 def resource_differences(template: Node, live: Node, tolerance: float) -> list[Difference]:
     return [
         Difference(c.field, c.template, c.live, c.ratio)
         for c in compare_resources(template, live)
-        if abs(c.ratio) > tolerance
+        if abs(c.ratio) > tolerance and not informational(c.field)
     ]
 
 
@@ -149,8 +169,12 @@ def _taints(node: Node) -> dict[str, str]:
     return {
         f"{t['key']}:{t.get('effect', '')}": t.get("value", "")
         for t in taints
-        if t.get("key") not in TRANSIENT_TAINTS
+        if not transient(str(t.get("key", "")))
     }
+
+
+def transient(key: str) -> bool:
+    return key in TRANSIENT_TAINTS or key.startswith(TRANSIENT_TAINT_PREFIXES)
 
 
 def taint_differences(template: Node, live: Node) -> list[Difference]:
@@ -254,13 +278,12 @@ def advise(difference: Difference, group: NodeGroupConfig, index: int) -> str:
         return _label_advice(field[len('labels["') : -2], difference, at)
     if field.startswith("taints["):
         return _taint_advice(field[len('taints["') : -2], difference, at)
-    kind, _, resource = field.partition(".")
-    return _resource_advice(kind, resource, difference, group, at)
+    _, _, resource = field.partition(".")
+    return _resource_advice(resource, difference, group, at)
 
 
-def _resource_advice(
-    kind: str, resource: str, difference: Difference, group: NodeGroupConfig, at: str
-) -> str:
+def _resource_advice(resource: str, difference: Difference, group: NodeGroupConfig, at: str) -> str:
+    """Advice for an allocatable difference: the kubelet reservations (or the group's shape)."""
     amount = _amount(resource, difference.template, difference.live)
     short = (difference.ratio or 0) < 0
     if resource == PODS:
@@ -269,24 +292,16 @@ def _resource_advice(
         if difference.live == ABSENT:
             return "run the NVIDIA device plugin on the group's nodes (they report no GPU)"
         return f"the nodes report {difference.live} GPUs: check {at}.flavor ({group.flavor})"
-    if kind == "capacity" and resource == CPU:
-        return f"the nodes report {difference.live} CPUs: check {at}.flavor ({group.flavor})"
-    if kind == "capacity" and resource == EPHEMERAL_STORAGE:
-        size = round(parse_quantity(_zero(difference.live)) / GIB)
-        return (
-            f"set {at}.volumeSizeGB to {size} if that is the servers' root volume; otherwise "
-            f"the file system keeps {amount}: raise {at}.kubelet.systemReserved."
-            f"ephemeral-storage by {amount}"
-        )
-    if kind == "capacity":  # memory: the kernel keeps part of the flavor's memory
-        if short:
-            return f"raise {at}.kubelet.systemReserved.memory by {amount} (the kernel keeps it)"
-        return f"the nodes have more memory than the flavor: check {at}.flavor ({group.flavor})"
+    volume = (
+        f" (or set {at}.volumeSizeGB to the servers' root volume size)"
+        if resource == EPHEMERAL_STORAGE
+        else ""
+    )
     if short:
-        return f"raise {at}.kubelet.systemReserved.{resource} by {amount}"
+        return f"raise {at}.kubelet.systemReserved.{resource} by {amount}{volume}"
     return (
         f"lower {at}.kubelet reservations of {resource} (systemReserved, kubeReserved, "
-        f"evictionHard) by {amount}"
+        f"evictionHard) by {amount}{volume}"
     )
 
 
@@ -334,7 +349,3 @@ def warning_line(drift: GroupDrift) -> str:
         f"node {drift.node} reports {diff.live}{f' ({ratio})' if ratio else ''}; "
         f"{drift.nodes_differing} of {drift.nodes_compared} nodes differ; {drift.advice}"
     )
-
-
-def groups_of(config_groups: Iterable[NodeGroupConfig]) -> dict[str, tuple[int, NodeGroupConfig]]:
-    return {group.name: (index, group) for index, group in enumerate(config_groups)}

@@ -3,7 +3,8 @@
 Gauges (read at scrape time from the last check):
 - cloudscale_autoscaler_template_drift_ratio{group,resource}: (live - template) / template of
   the node that differs most, per compared resource ("allocatable.memory", "capacity.cpu",
-  ...); negative = the nodes have less than the template promises.
+  ...); negative = the nodes have less than the template promises. Capacity is informational:
+  real nodes report a little less than the flavor, and only allocatable differences warn.
 - cloudscale_autoscaler_template_drift_nodes{group,kind}: nodes differing beyond tolerance in
   resources, labels or taints.
 - cloudscale_autoscaler_template_drift_checked_nodes{group}: nodes compared.

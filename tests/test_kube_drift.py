@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -269,3 +270,33 @@ async def test_drift_command_errors_exit_2_naming_the_cause(
     (tmp_path / "bad.yaml").write_text("cluster: prod\n")
     bad = await asyncio.to_thread(run_cli, "drift", "--config", str(tmp_path / "bad.yaml"))
     assert bad.returncode == 2 and "nodeGroups: required" in bad.stderr
+
+
+async def test_drift_command_against_a_closed_port_says_so_in_one_line(
+    emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    config = write_drift_config(tmp_path, emulator, kubeconfig)
+    closed = await asyncio.to_thread(run_cli, "drift", "--config", str(config))
+    assert closed.returncode == 2
+    # One line naming the API, no urllib3 retry warnings, no traceback.
+    assert closed.stderr.splitlines() == [
+        line for line in closed.stderr.splitlines() if line.startswith("error: ")
+    ]
+    assert len(closed.stderr.splitlines()) == 1, closed.stderr
+    assert f"https://127.0.0.1:{port} unreachable" in closed.stderr

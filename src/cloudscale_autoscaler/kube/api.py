@@ -61,6 +61,10 @@ def load_client(kubeconfig: Path | None, *, default_kubeconfig: bool = False) ->
             where = f"kubeconfig {kubeconfig or os.environ.get('KUBECONFIG', '~/.kube/config')}"
         reason = " ".join(str(exc).split())  # YAML errors span lines; a log line does not
         raise KubeConfigError(f"cannot use {where}: {reason}") from None
+    # One attempt per call: the elector and the drift check retry on their own schedule, and
+    # urllib3's default three retries would log a warning each and hold a worker thread for up
+    # to four request timeouts on an API that hangs.
+    configuration.retries = 0
     return k8s.ApiClient(configuration)
 
 

@@ -90,7 +90,7 @@ async def build_provider(config: Config) -> Provider:
         from cloudscale_autoscaler.kube.link import ClusterLink
 
         try:
-            link = ClusterLink(config, engine, metrics)
+            link = await ClusterLink.connect(config, engine, metrics)
         except BaseException:
             await provider.aclose()
             raise

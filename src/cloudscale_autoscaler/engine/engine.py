@@ -110,6 +110,7 @@ class Engine:
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
         self._ticks = itertools.count(1)
         self._applied_start = 0  # start tick of the listing the inventory comes from
+        self._stale = False  # set by forget_inventory until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
         self._ignored_groups: set[str] = set()
         self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
@@ -130,7 +131,7 @@ class Engine:
         a slow API is fatal (bounded, so serving starts): CA's Refresh and every mutation
         load it again."""
         try:
-            await asyncio.wait_for(self.refresh(), timeout_seconds)
+            await self.load(timeout_seconds)
         except (CloudUnavailable, TimeoutError) as error:
             log.warning(
                 "initial inventory load failed, retrying on Refresh: %s", str(error) or "timed out"
@@ -158,9 +159,20 @@ class Engine:
             for creation in queued:
                 self._cancel_creation(group, creation)
 
+    async def load(self, timeout_seconds: float = 10.0) -> None:
+        """Load the inventory now; raises CloudUnavailable or TimeoutError."""
+        await asyncio.wait_for(self.refresh(), timeout_seconds)
+
+    def forget_inventory(self) -> None:
+        """Mark the inventory stale (a new leadership: another replica may have changed the
+        cloud meanwhile). `loaded` is False until a listing started after this call applies;
+        one started before is dropped."""
+        self._applied_start = next(self._ticks)
+        self._stale = True
+
     @property
     def loaded(self) -> bool:
-        return self._applied_start > 0
+        return self._applied_start > 0 and not self._stale
 
     # --- inventory ------------------------------------------------------------------------
 
@@ -201,6 +213,7 @@ class Engine:
             log.debug("dropping a listing older than the inventory (tick %d)", start)
             return
         self._applied_start = start
+        self._stale = False
         buckets: dict[str, dict[str, Server]] = {name: {} for name in self._groups}
         cluster = self.config.cluster
         for server in servers:

@@ -1,9 +1,10 @@
 """A serving provider's connection to its cluster: leader election and drift checks.
 
 Without leader election the drift check runs from the start. With it, the replica holding the
-Lease loads the inventory from the cloud, then opens the serving gate and starts the drift
-check; a replica that loses the Lease closes the gate at once (the elector does), stops the
-drift check and drops creations it has not sent yet (the new leader counts what exists).
+Lease loads the inventory from the cloud (retrying, not ready, until a listing succeeds), then
+opens the serving gate and starts the drift check; a replica that loses the Lease closes the
+gate at once (the elector does), stops the drift check and drops creations it has not sent yet
+(the new leader counts what exists).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kubernetes import client as k8s
 
 from cloudscale_autoscaler.config import Config, KubernetesConfig
 from cloudscale_autoscaler.engine.engine import Engine
+from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
 from cloudscale_autoscaler.kube.watch import DriftWatch
@@ -43,13 +45,30 @@ def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
 
 
 class ClusterLink:
-    def __init__(self, config: Config, engine: Engine, metrics: Metrics) -> None:
+    @classmethod
+    async def connect(cls, config: Config, engine: Engine, metrics: Metrics) -> ClusterLink:
+        """Preflight in a worker thread: reading a kubeconfig may run an exec credential
+        plugin, which must not hold up the event loop."""
+        if config.kubernetes is None:
+            raise ValueError("ClusterLink needs the kubernetes section")
+        client, namespace = await asyncio.to_thread(preflight, config.kubernetes)
+        return cls(config, engine, metrics, client, namespace)
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        metrics: Metrics,
+        client: k8s.ApiClient,
+        namespace: str | None,
+    ) -> None:
+        """`client` and `namespace` as `preflight` returns them (namespace: None without
+        leader election)."""
         settings = config.kubernetes
         if settings is None:
             raise ValueError("ClusterLink needs the kubernetes section")
         self._settings = settings
         self._engine = engine
-        client, namespace = preflight(settings)
         self._api = KubeApi(client)
         self.watch = DriftWatch(config, engine, self._api, settings.drift_tolerance)
         metrics.registry.register(self.watch)
@@ -81,8 +100,21 @@ class ClusterLink:
             self._start_drift()
 
     async def _lead(self) -> None:
-        # Before serving: the inventory as the cloud has it now, whatever the last leader did.
-        await self._engine.start()
+        """Before serving: the inventory as the cloud has it now, whatever the last leader
+        did. Until a listing succeeds the gate stays closed (not ready), even for a replica
+        that led before: its inventory is from then. Cancelled if the Lease is lost."""
+        self._engine.forget_inventory()
+        retry = self._settings.leader_election.retry_period_seconds
+        while True:
+            try:
+                await self._engine.load()
+                break
+            except (CloudUnavailable, TimeoutError) as error:
+                log.warning(
+                    "leader election: loading the inventory failed, not serving yet: %s",
+                    str(error) or "timed out",
+                )
+            await asyncio.sleep(retry)
         self._start_drift()
 
     def _stand_down(self) -> None:

@@ -303,3 +303,81 @@ async def test_graceful_shutdown_hands_the_lease_over_at_once(
     assert takeover < LEASE_SECONDS, "released, not expired"
     assert (await read_lease(kube)).spec.holder_identity == "replica-b"
     assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())
+
+
+async def target_and_nodes(process: ServeProcess, pki: PKI) -> tuple[int, list[str]]:
+    target = await call(process, pki, "NodeGroupTargetSize",
+                        pb.NodeGroupTargetSizeRequest(id="workers"))  # fmt: skip
+    nodes = await call(process, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
+    return target.targetSize, sorted(instance.id for instance in nodes.instances)
+
+
+async def tagged_servers(emulator: RunningEmulator, count: int) -> list[str]:
+    """Provider IDs of `count` new servers of the group, created behind the providers' backs."""
+    created = [
+        await emulator.admin.create_server(
+            f"{CLUSTER}-workers-{i}", tags={TAG_CLUSTER: CLUSTER, TAG_GROUP: "workers"}
+        )
+        for i in range(count)
+    ]
+    return [f"cloudscale://{server['uuid']}" for server in created]
+
+
+async def test_new_leader_serves_the_inventory_it_loaded_at_takeover(
+    replicas: Replicas, pki: PKI, emulator: RunningEmulator
+) -> None:
+    a = await replicas("replica-a", leader=True)
+    b = await replicas("replica-b")
+    # Servers the standby never listed: it only loads the inventory once it leads.
+    existing = await tagged_servers(emulator, 3)
+    a.process.kill()
+    await a.process.wait()
+    await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    # The first calls after the takeover, no Refresh before them: what the cloud holds.
+    assert await target_and_nodes(b, pki) == (3, sorted(existing))
+
+
+async def test_leader_regaining_the_lease_while_the_cloud_is_down_waits_for_a_listing(
+    replicas: Replicas, pki: PKI, kube: Kube, emulator: RunningEmulator
+) -> None:
+    a = await replicas("replica-a", leader=True)
+    assert await target_and_nodes(a, pki) == (0, [])
+
+    def hand_to(holder: str, seconds: int) -> None:
+        api = lease_api(kube)
+        lease = api.read_namespaced_lease(LEASE, NAMESPACE)
+        lease.spec.holder_identity = holder
+        lease.spec.lease_duration_seconds = seconds
+        lease.spec.renew_time = datetime.now(UTC)
+        api.replace_namespaced_lease(LEASE, NAMESPACE, lease)
+
+    await asyncio.to_thread(hand_to, "intruder", 600)
+
+    async def standing_by() -> bool:
+        return (await ready(a))[0] == 503
+
+    await eventually(standing_by, RENEW_SECONDS * 2, "replica-a still serves")
+    # Meanwhile the cloud changed (as another leader would have changed it), then went down.
+    existing = await tagged_servers(emulator, 2)
+    await emulator.admin.set_faults({"down": True})
+    failures = len(a.output.split("inventory load failed"))
+    await asyncio.to_thread(hand_to, "", 1)  # released: replica-a takes the Lease back
+
+    async def holds_it() -> bool:
+        return bool((await read_lease(kube)).spec.holder_identity == "replica-a")
+
+    await eventually(holds_it, 30, "replica-a never took the Lease back")
+
+    async def load_failed() -> bool:
+        return len(a.output.split("inventory load failed")) > failures
+
+    await eventually(load_failed, 30, "no failed inventory load was logged")
+    await asyncio.sleep(4 * RETRY_SECONDS)  # renewals go on: it leads, but must not serve
+    status, text = await ready(a)
+    assert status == 503, f"serves the inventory of its earlier leadership: {text}"
+    await refused(a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers"))
+    assert (await read_lease(kube)).spec.holder_identity == "replica-a"
+
+    await emulator.admin.clear_faults()
+    await eventually(lambda: _is_ready(a), 30, "replica-a never served after the cloud came back")
+    assert await target_and_nodes(a, pki) == (2, sorted(existing))

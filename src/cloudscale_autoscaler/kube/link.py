@@ -111,7 +111,7 @@ class ClusterLink:
                 break
             except (CloudUnavailable, TimeoutError) as error:
                 log.warning(
-                    "leader election: loading the inventory failed, not serving yet: %s",
+                    "leader election: inventory load failed, not serving until one succeeds: %s",
                     str(error) or "timed out",
                 )
             await asyncio.sleep(retry)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import logging
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from cloudscale_autoscaler.config import KubeletConfig, KubernetesConfig
 from cloudscale_autoscaler.kube.check import template_of
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]
+PLUGIN_SECONDS = 3.0  # an exec credential plugin this slow (a token from a remote vault)
 Node = dict[str, Any]
 WORKERS = group(
     "workers",
@@ -300,3 +303,57 @@ async def test_drift_command_against_a_closed_port_says_so_in_one_line(
     ]
     assert len(closed.stderr.splitlines()) == 1, closed.stderr
     assert f"https://127.0.0.1:{port} unreachable" in closed.stderr
+
+
+async def test_reading_the_kubeconfig_does_not_hold_up_the_event_loop(
+    stack: StackFactory, tmp_path: Path
+) -> None:
+    """An exec credential plugin runs while the kubeconfig is read: in a worker thread, so
+    the event loop (the gRPC server of a running process) keeps turning meanwhile."""
+    credential = (
+        '{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential", '
+        '"status": {"token": "t"}}'
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "sh",
+                                "args": ["-c", f"sleep {PLUGIN_SECONDS}; echo '{credential}'"],
+                            }
+                        },
+                    }
+                ],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    beats: list[float] = []
+
+    async def heartbeat() -> None:
+        while True:
+            beats.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)  # the first beat
+    try:
+        settings = KubernetesConfig(kubeconfig=kubeconfig, drift_interval_seconds=0)
+        started = time.monotonic()
+        await stack(groups=[WORKERS], kubernetes=settings)
+        beats.append(time.monotonic())
+        assert beats[-1] - started >= PLUGIN_SECONDS, "the plugin did not run"
+    finally:
+        beating.cancel()
+    longest = max(later - earlier for earlier, later in itertools.pairwise(beats))
+    assert longest < PLUGIN_SECONDS - 0.5, f"the event loop stood still for {longest:.1f} s"

@@ -627,7 +627,8 @@ def rules_of(bundle: Bundle, kind: str, subject: Doc) -> list[Doc]:
 def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     """With the `kubernetes` section: a token, RBAC for exactly what the provider does (read
     Nodes; create, get and update its own Lease in its namespace) and, with several replicas,
-    leader election, a PDB and one replica per node. Without it: none of that."""
+    leader election and one replica per node, and a PDB only if asked for (opt-in: it blocks
+    draining the leader's node). Without it: none of that."""
     deployment = bundle.provider()
     pod = deployment["spec"]["template"]["spec"]
     namespace = deployment["metadata"]["namespace"]
@@ -656,9 +657,9 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
         },
     ]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    (pdb,) = bundle.all("PodDisruptionBudget")
-    assert pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    for pdb in bundle.all("PodDisruptionBudget"):
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     (spread,) = pod["topologySpreadConstraints"]
     assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
     assert spread["labelSelector"]["matchLabels"].items() <= pod_labels.items()
@@ -814,6 +815,7 @@ def test_versions_match_the_project() -> None:
 def test_kustomize_base_builds_a_working_install(kustomize: list[str], tmp_path: Path) -> None:
     bundle = check_bundle(kustomize_build(kustomize, BASE), tmp_path, "kustomize base")
     assert bundle.all("ServiceMonitor") == [], "the base works without Prometheus Operator CRDs"
+    assert bundle.all("PodDisruptionBudget") == [], "opt-in: it blocks draining the leader's node"
     assert bundle.all("Secret") == [], "the token Secret is created by hand, never shipped"
     namespaced = [d for d in bundle.docs if d["kind"] not in CLUSTER_SCOPED]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"kube-system"}
@@ -828,6 +830,35 @@ def test_kustomize_overlay_builds_a_working_install(kustomize: list[str], tmp_pa
     assert image.startswith("registry.example.com/") and image.endswith(":0.1.0")
     config = provider_config(bundle)
     assert config["cluster"] == "prod", "the overlay's config replaced the base's"
+    assert bundle.all("PodDisruptionBudget") == [], "opt-in: it blocks draining the leader's node"
+
+
+@NEEDS_TOOL
+def test_pdb_component_matches_the_charts_opt_in_pdb(
+    kustomize: list[str], helm: str, tmp_path: Path
+) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "kube-system",  # as in the example: components get it from here
+                # kustomize takes only relative roots
+                "resources": [os.path.relpath(OVERLAY, overlay)],
+                "components": [os.path.relpath(KUSTOMIZE_DIR / "components" / "pdb", overlay)],
+            }
+        )
+    )
+    bundle = check_bundle(kustomize_build(kustomize, overlay), tmp_path, "kustomize with pdb")
+    (kust,) = bundle.all("PodDisruptionBudget")
+    (chart,) = Bundle(helm_render(helm, *HELM_CASES["pdb"][0])).all("PodDisruptionBudget")
+    assert kust["metadata"]["name"] == chart["metadata"]["name"] == PROVIDER
+    assert kust["metadata"]["namespace"] == "kube-system"
+    # Selectors differ as the pods' labels do (Helm adds the instance); each selects its own
+    # pods (check_bundle).
+    assert {**kust["spec"], "selector": None} == {**chart["spec"], "selector": None}
 
 
 # --- tests: the Helm chart -----------------------------------------------------------------
@@ -835,6 +866,7 @@ def test_kustomize_overlay_builds_a_working_install(kustomize: list[str], tmp_pa
 HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "defaults": ([], {}),
     "servicemonitor": (["--set", "serviceMonitor.enabled=true"], {}),
+    "pdb": (["--set", "podDisruptionBudget.enabled=true"], {}),
     "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
     "single-replica": (["--set", "replicas=1,kubernetes.enabled=false"], {}),
     "other-release": (
@@ -859,6 +891,7 @@ def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path:
     args, names = HELM_CASES[case]
     bundle = check_bundle(helm_render(helm, *args, **names), tmp_path, f"helm {case}")
     assert bool(bundle.all("ServiceMonitor")) == (case == "servicemonitor")
+    assert len(bundle.all("PodDisruptionBudget")) == (case == "pdb"), "the PDB is opt-in"
     cert_manager = case != "no-cert-manager"
     assert len(bundle.all("Certificate")) == (3 if cert_manager else 0)
     assert len(bundle.all("Issuer")) == (2 if cert_manager else 0)
@@ -928,8 +961,6 @@ def test_helm_and_kustomize_produce_the_same_objects(helm: str, kustomize: list[
     for kind in ("ClusterRole", "Role"):
         for name in {key[1] for key in chart if key[0] == kind}:
             assert chart[(kind, name)]["rules"] == kust[(kind, name)]["rules"], (kind, name)
-    pdb = ("PodDisruptionBudget", PROVIDER)
-    assert chart[pdb]["spec"]["maxUnavailable"] == kust[pdb]["spec"]["maxUnavailable"]
     helm_kube, kust_kube = (
         yaml.safe_load(d[("ConfigMap", f"{PROVIDER}-config")]["data"]["config.yaml"])["kubernetes"]
         for d in (chart, kust)

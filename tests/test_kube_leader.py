@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import httpx
 import pytest
+import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.kube import NAMESPACE, NEEDS_KUBE, Kube
@@ -65,13 +67,20 @@ async def fresh_lease(kube: Kube) -> AsyncIterator[None]:
     await asyncio.to_thread(delete)
 
 
-def ha_config(tmp_path: Path, name: str, pki: PKI, emulator: RunningEmulator, kube: Kube) -> Path:
+def ha_config(
+    tmp_path: Path,
+    name: str,
+    pki: PKI,
+    emulator: RunningEmulator,
+    kube: Kube,
+    kubeconfig: Path | None = None,
+) -> Path:
     return write_config(
         tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
         cloudscale={"maxConcurrentCreates": 2},
         metrics={"listen": f"127.0.0.1:{free_port()}"},
         kubernetes={
-            "kubeconfig": str(kube.provider_kubeconfig),
+            "kubeconfig": str(kubeconfig or kube.provider_kubeconfig),
             "driftInterval": "0s",
             "leaderElection": {
                 "enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
@@ -93,8 +102,10 @@ async def replicas(
     leads (or, by default, once it competes); all are killed when the test ends."""
     started: list[ServeProcess] = []
 
-    async def start(name: str, *, leader: bool = False) -> ServeProcess:
-        config = ha_config(tmp_path, name, pki, emulator, kube)
+    async def start(
+        name: str, *, leader: bool = False, kubeconfig: Path | None = None
+    ) -> ServeProcess:
+        config = ha_config(tmp_path, name, pki, emulator, kube, kubeconfig)
         process = await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
         started.append(process)
         if leader:
@@ -381,3 +392,71 @@ async def test_leader_regaining_the_lease_while_the_cloud_is_down_waits_for_a_li
     await emulator.admin.clear_faults()
     await eventually(lambda: _is_ready(a), 30, "replica-a never served after the cloud came back")
     assert await target_and_nodes(a, pki) == (2, sorted(existing))
+
+
+class Cable:
+    """A TCP relay to the API server on loopback; `cut()` drops every connection and refuses
+    new ones, as an API server that became unreachable does, for this replica only."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self._target)
+        self._writers |= {writer, upstream_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+
+
+async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_renew_deadline(
+    replicas: Replicas, pki: PKI, kube: Kube, tmp_path: Path
+) -> None:
+    api = urlsplit(kube.url)
+    cable = Cable(api.hostname or "127.0.0.1", api.port or 443)
+    await cable.start()
+    document = yaml.safe_load(kube.provider_kubeconfig.read_text())
+    for entry in document["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{cable.port}"
+    kubeconfig = tmp_path / "through-cable.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(document))
+    a = await replicas("replica-a", leader=True, kubeconfig=kubeconfig)
+    assert await call(a, pki, "NodeGroups", pb.NodeGroupsRequest())
+
+    cable.cut()
+    cut = time.monotonic()
+
+    async def standing_by() -> bool:
+        return (await ready(a))[0] == 503
+
+    # The last renewal was at most a retryPeriod before the cut; the gate closes when no
+    # renewal has succeeded for renewDeadline since.
+    await eventually(standing_by, 30, "the leader still serves without the API server")
+    assert time.monotonic() - cut < RENEW_SECONDS + REQUEST_SLACK
+    message = await refused(
+        a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
+    )
+    # It knows no other holder: it could not read the Lease.
+    assert (
+        message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): no leader is known yet"
+    )
+    assert "could not renew Lease" in a.output

@@ -106,20 +106,39 @@ async def test_template_node_info_errors(stack: StackFactory) -> None:
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_template_node_info_reads_the_slug_without_flavors(stack: StackFactory) -> None:
+# CA's externalgrpc client gives every call this long.
+CA_DEADLINE_SECONDS = 5.0
+
+
+@pytest.mark.parametrize("latency_ms", [0, 3000], ids=["503", "slow-503"])
+async def test_calls_read_the_slug_at_once_without_flavors(
+    stack: StackFactory, latency_ms: int
+) -> None:
+    """The flavors endpoint answers 503, which the client retries with backoff (and slowly
+    with latency): every call still answers within CA's deadline, from the flavor slugs."""
     s = await stack([group("workers", 0, 5), group("odd", 0, 5, flavor="custom-large")])
     request = pb.NodeGroupTemplateNodeInfoRequest(id="workers")
-    cached = await s.stub.NodeGroupTemplateNodeInfo(request)
-    # 403 is final for the client (no retries): the flavor listing fails at once.
-    await s.admin.set_faults({"error_rate": {"list_flavors": {"rate": 1.0, "status": 403}}})
-    await s.refresh()
-    assert (await s.stub.NodeGroupTemplateNodeInfo(request)).nodeBytes == cached.nodeBytes
-    # A new process that never saw the flavors reads the size from the slug: the same Node.
+    deadline = CA_DEADLINE_SECONDS
+    cached = await s.stub.NodeGroupTemplateNodeInfo(request, timeout=deadline)
+    faults: dict[str, Any] = {"error_rate": {"list_flavors": {"rate": 1.0, "status": 503}}}
+    if latency_ms:
+        faults["latency"] = {"list_flavors": {"fixed_ms": latency_ms}}
+    await s.admin.set_faults(faults)
+    await s.stub.Refresh(pb.RefreshRequest(), timeout=deadline)
+    assert (await s.stub.NodeGroupTemplateNodeInfo(request, timeout=deadline)) == cached
+    # A new process that never saw the flavors reads the size from the slug: the same Node,
+    # on every call after a Refresh whose flavor fetch failed, and IncreaseSize goes ahead.
     s2 = await s.restart()
-    assert (await s2.stub.NodeGroupTemplateNodeInfo(request)).nodeBytes == cached.nodeBytes
+    await s2.stub.Refresh(pb.RefreshRequest(), timeout=deadline)
+    for _ in range(2):
+        assert (await s2.stub.NodeGroupTemplateNodeInfo(request, timeout=deadline)) == cached
+    increase = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1)
+    await s2.stub.NodeGroupIncreaseSize(increase, timeout=deadline)
+    await s2.stub.NodeGroupIncreaseSize(increase, timeout=deadline)
+    assert await s2.target("workers") == 2
     # A slug that says nothing: FAILED_PRECONDITION naming it, never an empty template.
     odd = pb.NodeGroupTemplateNodeInfoRequest(id="odd")
-    error = await rpc_error(s2.stub.NodeGroupTemplateNodeInfo(odd))
+    error = await rpc_error(s2.stub.NodeGroupTemplateNodeInfo(odd, timeout=deadline))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "custom-large" in (error.details() or "")
 

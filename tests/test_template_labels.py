@@ -147,8 +147,15 @@ async def test_no_gpu_server_is_labelled_unknown_while_flavors_cannot_be_read(
     reply = await s.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="gpu"))
     template = core_v1_pb2.Node.FromString(reply.nodeBytes)
     assert template.metadata.labels[GPU_LABEL] == "unknown"
-    # Once the list can be read, the next Refresh fetches it and creating goes ahead.
+    # Once the list can be read, a Refresh gets it (a fetch still in its retries' backoff may
+    # take the next one: Refresh waits at most a second for it) and creating goes ahead.
     await emulator.admin.set_faults({})
+
+    async def refreshed() -> bool:
+        await s.refresh()
+        return "200" in (await emulator.admin.stats()).get("list_flavors", {})
+
+    await wait_until(refreshed, 30, "no Refresh fetched the flavors again")
     await s.refresh()
     await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="gpu", delta=1))
     assert await s.target("gpu") == 1

@@ -3,12 +3,19 @@
 The flavor list comes from the cloud (the client caches it with a TTL); built template
 responses are kept until the next Refresh, since CA caches them per loop anyway and a template
 depends only on config and flavor. When the list cannot be fetched, the flavor is read from its
-slug (template.slug), so scale-from-zero keeps working during an API outage; the list, when
-present, wins. Only a GPU slug's model cannot be read: see node_labels.
+slug (template.slug), so templates survive a failing flavors endpoint and work offline (a full
+API outage still fails Refresh, on the server listing); the list, when present, wins. Only a
+GPU slug's model cannot be read: see node_labels.
+
+No call waits long for the list: CA gives each call 5 s. A fetch is waited for at most
+FLAVOR_WAIT_SECONDS, and once one failed, calls answer from the slugs at once until the next
+Refresh tries again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from cloudscale_autoscaler.cloud.errors import CloudError
@@ -25,18 +32,26 @@ from cloudscale_autoscaler.template.slug import flavor_from_slug
 
 log = logging.getLogger(__name__)
 
+# How long a call waits for the flavor list. The client's fetch (shared, with its retries) goes
+# on in the background and fills its cache, where the next Refresh finds it.
+FLAVOR_WAIT_SECONDS = 1.0
+
 
 class Catalog:
     def __init__(self, config: Config, cloud: Cloud) -> None:
         self._config = config
         self._cloud = cloud
         self._flavors: dict[str, Flavor] | None = None
+        # Why the last fetch failed; kept until the next Refresh, so that calls meanwhile read
+        # the slugs at once instead of each waiting for the flavor list again.
+        self._failure: str | None = None
         self._templates: dict[str, pb.NodeGroupTemplateNodeInfoResponse] = {}
 
     async def refresh(self) -> None:
         """Re-read flavors (cheap within the client's TTL) and drop built templates. A failure
         keeps the flavors we have: templates do not justify failing CA's Refresh."""
         self._templates.clear()
+        self._failure = None
         try:
             await self._fetch()
         except CloudUnavailable as error:
@@ -45,25 +60,34 @@ class Catalog:
             )
 
     async def ensure(self) -> None:
-        """Try once to have the flavor list (for labels and checks); failing is not fatal."""
-        if self._flavors is None:
+        """Have the flavor list if it can be had (for labels and checks); failing is not fatal."""
+        with contextlib.suppress(CloudUnavailable):  # logged by the fetch that failed
+            await self.flavors()
+
+    async def flavors(self) -> dict[str, Flavor]:
+        """The flavor list; CloudUnavailable at once when a fetch failed since the last
+        Refresh."""
+        if self._flavors is None and self._failure is None:
             try:
                 await self._fetch()
             except CloudUnavailable as error:
                 log.warning("no flavor list, reading flavors from their slugs: %s", error)
-
-    async def flavors(self) -> dict[str, Flavor]:
         if self._flavors is None:
-            await self._fetch()
-        assert self._flavors is not None
+            raise CloudUnavailable(f"{self._failure} (the next Refresh tries again)")
         return self._flavors
 
     async def _fetch(self) -> None:
         try:
-            flavors = await self._cloud.list_flavors()
+            async with asyncio.timeout(FLAVOR_WAIT_SECONDS):
+                flavors = await self._cloud.list_flavors()
+        except TimeoutError:
+            self._failure = f"listing flavors: no answer within {FLAVOR_WAIT_SECONDS:g} s"
         except CloudError as error:
-            raise CloudUnavailable(f"listing flavors failed: {error}") from error
-        self._flavors = {flavor.slug: flavor for flavor in flavors}
+            self._failure = f"listing flavors failed: {error}"
+        else:
+            self._flavors = {flavor.slug: flavor for flavor in flavors}
+            return
+        raise CloudUnavailable(self._failure)
 
     async def template(self, group: NodeGroupConfig) -> pb.NodeGroupTemplateNodeInfoResponse:
         cached = self._templates.get(group.name)

@@ -200,6 +200,11 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         [f'gpuLabel: invalid key "gpu type": the name part must consist of {NAME_CHARSET}'],
     ),
     (
+        "gpuLabel set by the CCM",
+        put("gpuLabel", value="node.kubernetes.io/instance-type"),
+        ["gpuLabel: a well-known node label the kubelet or the cloud controller manager sets"],
+    ),
+    (
         "placeholderExpiry zero",
         put("placeholderExpiry", value="0s"),
         ['placeholderExpiry: must be > 0, got "0s"'],
@@ -428,6 +433,26 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         "label value bool",
         group(labels={"gpu": True}),
         [f"{G}.labels.gpu: expected a string, got boolean true"],
+    ),
+    (
+        "label the CCM writes otherwise",
+        both(group(zone="lpg1"), group(labels={"topology.kubernetes.io/zone": "rma1"})),
+        [
+            f'{G}.labels["topology.kubernetes.io/zone"]: the cloud controller manager sets it '
+            'on every new node from the server\'s zone, to "lpg1", not "rma1"'
+        ],
+    ),
+    (
+        "label the kubelet refuses",
+        group(labels={"node-role.kubernetes.io/worker": ""}),
+        [
+            f'{G}.labels["node-role.kubernetes.io/worker"]: the kubelet refuses to start with '
+            "node-role.kubernetes.io/worker in --node-labels (a node may set labels in the "
+            "kubernetes.io and k8s.io namespaces only under kubelet.kubernetes.io/ and "
+            "node.kubernetes.io/ and a few well-known keys), so nodes could never carry it: "
+            "set such labels another way, or use a prefix of your own "
+            "(node-role.example.com/worker)"
+        ],
     ),
     # --- taints
     (

@@ -21,7 +21,7 @@ from cloudscale_autoscaler.config import Config, NodeGroupConfig, Taint
 from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
-from cloudscale_autoscaler.template.labels import label_sources
+from cloudscale_autoscaler.template.labels import label_error, label_sources
 from cloudscale_autoscaler.template.node import template_labels
 
 GPU_LABEL = "cloudscale.ch/gpu"
@@ -63,12 +63,6 @@ def ccm_labels(flavor_slug: str, zone: str) -> dict[str, str]:
             {},
             id="same-value-as-the-ccm",
         ),
-        pytest.param(
-            replace(BASE, labels=(("node.kubernetes.io/instance-type", "big"),)),
-            FLEX,
-            {"node.kubernetes.io/instance-type": "big"},
-            id="overrides-the-ccm",
-        ),
     ],
 )
 def test_template_labels_are_kubelet_ccm_and_node_labels(
@@ -86,6 +80,98 @@ def test_template_labels_are_kubelet_ccm_and_node_labels(
     # No key comes from two places.
     keys = [*sources.kubelet, *sources.ccm, *sources.node_labels]
     assert len(keys) == len(set(keys))
+
+
+CCM = "the cloud controller manager sets it on every new node"
+REFUSED = "the kubelet refuses to start with"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "zone", "error"),
+    [
+        ("node.kubernetes.io/instance-type", "flex-8-4", "rma1", None),
+        (
+            "node.kubernetes.io/instance-type",
+            "big",
+            "rma1",
+            f'{CCM} to the server\'s flavor, "flex-8-4", not "big"',
+        ),
+        (
+            "beta.kubernetes.io/instance-type",
+            "big",
+            "rma1",
+            f'{CCM} to the server\'s flavor, "flex-8-4", not "big"',
+        ),
+        ("topology.kubernetes.io/zone", "rma1", "rma1", None),
+        (
+            "topology.kubernetes.io/zone",
+            "lpg1",
+            "rma1",
+            f'{CCM} from the server\'s zone, to "rma1", not "lpg1"',
+        ),
+        (
+            "failure-domain.beta.kubernetes.io/zone",
+            "lpg1",
+            "rma1",
+            f'{CCM} from the server\'s zone, to "rma1", not "lpg1"',
+        ),
+        ("topology.kubernetes.io/region", "rma", "rma1", None),
+        (
+            "topology.kubernetes.io/region",
+            "rma1",
+            "rma1",
+            f'{CCM} from the server\'s zone, to "rma", not "rma1"',
+        ),
+        (
+            "topology.kubernetes.io/zone",
+            "rma1",
+            None,
+            f"{CCM} from the server's zone: set the group's zone instead",
+        ),
+        (
+            "kubernetes.io/hostname",
+            "n1",
+            "rma1",
+            "the kubelet sets it to each node's own host name",
+        ),
+        ("kubernetes.io/os", "linux", "rma1", None),
+        (
+            "kubernetes.io/os",
+            "windows",
+            "rma1",
+            'the kubelet sets it to "linux" on every cloudscale.ch node, not "windows"',
+        ),
+        (
+            "kubernetes.io/arch",
+            "arm64",
+            "rma1",
+            'the kubelet sets it to "amd64" on every cloudscale.ch node, not "arm64"',
+        ),
+        ("node-role.kubernetes.io/worker", "", "rma1", REFUSED),
+        ("app.kubernetes.io/name", "web", "rma1", REFUSED),
+        ("node-restriction.kubernetes.io/pool", "a", "rma1", REFUSED),
+        ("k8s.io/x", "a", "rma1", REFUSED),
+        ("example.k8s.io/x", "a", "rma1", REFUSED),
+        ("node.kubernetes.io/pool", "a", "rma1", None),
+        ("pool.node.kubernetes.io/x", "a", "rma1", None),
+        ("kubelet.kubernetes.io/x", "a", "rma1", None),
+        ("example.com/tier", "a", "rma1", None),
+        ("kubernetes.io.example.com/x", "a", "rma1", None),
+        ("role", "web", "rma1", None),
+    ],
+)
+def test_labels_the_nodes_cannot_carry_are_config_errors(
+    key: str, value: str, zone: str | None, error: str | None
+) -> None:
+    """A group label on a key the kubelet or the CCM sets must repeat their value (the CCM
+    overwrites it, the kubelet's own value is the truth); the kubelet refuses keys in the
+    kubernetes.io and k8s.io namespaces outside its allowed set (k8s.io/kubelet IsKubeletLabel)."""
+    got = label_error(key, value, "flex-8-4", zone)
+    if error is None or error == REFUSED:
+        assert (got is None) == (error is None), got
+        assert got is None or got.startswith(f"{REFUSED} {key} in --node-labels"), got
+    else:
+        assert got == error
 
 
 def test_group_without_zone_promises_no_zone() -> None:

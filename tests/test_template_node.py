@@ -310,13 +310,14 @@ def test_message_equals_its_bytes() -> None:
             FLEX,
             {
                 "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "arm64",
+                "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": "flex-16-8",
-                "topology.kubernetes.io/zone": "custom",
+                "topology.kubernetes.io/zone": "rma1",
                 "topology.kubernetes.io/region": "rma",
                 "kubernetes.io/hostname": "template-g",
             },
-            id="group-labels-override-computed-ones",
+            # The config refuses such labels; the template says what the nodes will carry.
+            id="computed-keys-keep-what-kubelet-and-ccm-write",
         ),
         pytest.param(
             "lpg1",

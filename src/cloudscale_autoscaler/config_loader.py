@@ -37,6 +37,7 @@ from cloudscale_autoscaler.configfile.yamlfile import (
 )
 from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
 from cloudscale_autoscaler.logs import register_secret
+from cloudscale_autoscaler.template.labels import gpu_label_error
 from cloudscale_autoscaler.validation import (
     LABEL_NAME_MAX,
     dns_label_error,
@@ -126,7 +127,9 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
     listen_known = given_listen is not None or not top.present("listen")
     metrics = _metrics(top.section("metrics", METRICS_KEYS), listen if listen_known else None)
     gpu_label = top.string("gpuLabel") or DEFAULT_GPU_LABEL
-    top.issues.check(top.at("gpuLabel"), qualified_name_error(gpu_label))
+    top.issues.check(
+        top.at("gpuLabel"), qualified_name_error(gpu_label) or gpu_label_error(gpu_label)
+    )
     placeholder_expiry = _duration(
         top, "placeholderExpiry", DEFAULT_PLACEHOLDER_EXPIRY, zero_allowed=False
     )

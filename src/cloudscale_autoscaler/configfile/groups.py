@@ -19,6 +19,7 @@ from cloudscale_autoscaler.configfile.reader import (
     resolve,
 )
 from cloudscale_autoscaler.configfile.yamlfile import FileProblem, read_text
+from cloudscale_autoscaler.template.labels import label_error
 from cloudscale_autoscaler.validation import (
     TAINT_EFFECTS,
     dns_label_error,
@@ -80,13 +81,16 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
     if name is not None:
         fields.issues.check(fields.at("name"), dns_label_error(name))
     min_size, max_size = _sizes(fields)
+    flavor = fields.string("flavor", required=True) or ""
+    image = fields.string("image", required=True) or ""
+    zone = fields.string("zone")
     return NodeGroupConfig(
         name=name or "",
         min_size=min_size,
         max_size=max_size,
-        flavor=fields.string("flavor", required=True) or "",
-        image=fields.string("image", required=True) or "",
-        zone=fields.string("zone"),
+        flavor=flavor,
+        image=image,
+        zone=zone,
         volume_size_gb=_or(
             fields.integer("volumeSizeGB", minimum=MIN_VOLUME_GB, maximum=MAX_VOLUME_GB),
             DEFAULTS.volume_size_gb,
@@ -99,7 +103,7 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
         interfaces=parse_interfaces(fields),
         user_data=_user_data(fields, base_dir),
         tags=_tags(fields),
-        labels=_labels(fields),
+        labels=_labels(fields, flavor, zone),
         taints=_taints(fields),
         kubelet=parse_kubelet(fields.section("kubelet", BLOCK_KEYS), base_dir),
         autoscaling_options=_options(fields) if fields.present("autoscalingOptions") else None,
@@ -174,8 +178,11 @@ def _tag_error(name: str, _value: str) -> str | None:
     return "must not be empty" if not name else None
 
 
-def _labels(fields: Fields) -> tuple[tuple[str, str], ...]:
-    return _checked_map(fields, "labels", _label_error)
+def _labels(fields: Fields, flavor: str, zone: str | None) -> tuple[tuple[str, str], ...]:
+    def check(name: str, value: str) -> str | None:
+        return _label_error(name, value) or label_error(name, value, flavor, zone)
+
+    return _checked_map(fields, "labels", check)
 
 
 def _tags(fields: Fields) -> tuple[tuple[str, str], ...]:

@@ -11,8 +11,12 @@ there one of three ways:
   InstanceType = flavor slug, Zone = zone slug, Region = zone slug without trailing digits),
   which Kubernetes' node controller writes as node.kubernetes.io/instance-type and
   topology.kubernetes.io/zone / region;
-- everything else (the GPU label, the group's labels, or a group label that overrides a value
-  the kubelet or CCM would set) must be passed to the kubelet: `${node_labels}` in userData.
+- everything else (the GPU label, the group's labels) must be passed to the kubelet:
+  `${node_labels}` in userData.
+
+A group label on a key the kubelet or the CCM sets may only repeat their value (label_error),
+so the three sources never disagree; and the kubelet refuses most keys in the kubernetes.io
+and k8s.io namespaces (self_set_error).
 """
 
 from __future__ import annotations
@@ -29,6 +33,31 @@ LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_REGION = "topology.kubernetes.io/region"
+# The deprecated keys the CCM's node controller still writes next to the GA ones.
+_BETA_INSTANCE_TYPE = "beta.kubernetes.io/instance-type"
+_BETA_ZONE = "failure-domain.beta.kubernetes.io/zone"
+_BETA_REGION = "failure-domain.beta.kubernetes.io/region"
+
+# What the kubelet accepts through --node-labels in the kubernetes.io and k8s.io namespaces
+# (k8s.io/kubelet/pkg/apis IsKubeletLabel, checked by the kubelet's flag validation): these
+# keys, and keys whose prefix is or ends in one of the namespaces below.
+_KUBELET_ALLOWED = frozenset(
+    {
+        LABEL_HOSTNAME,
+        LABEL_OS,
+        LABEL_ARCH,
+        LABEL_INSTANCE_TYPE,
+        LABEL_ZONE,
+        LABEL_REGION,
+        _BETA_INSTANCE_TYPE,
+        _BETA_ZONE,
+        _BETA_REGION,
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+    }
+)
+_KUBELET_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+_RESERVED_NAMESPACES = ("kubernetes.io", "k8s.io")
 
 OS = "linux"
 ARCH = "amd64"  # every cloudscale.ch flavor is x86-64
@@ -88,13 +117,52 @@ def label_sources(group: NodeGroupConfig, flavor: Flavor, gpu_label: str) -> Lab
     if flavor.gpu is not None and flavor.gpu.count > 0:
         wanted[gpu_label] = gpu_label_value(flavor.gpu.name)
     wanted.update(group.labels)  # explicit configuration wins
-    node_labels: dict[str, str] = {}
-    for key, value in wanted.items():
-        for automatic in (kubelet, ccm):
-            if key in automatic:
-                if automatic[key] == value:
-                    break  # set anyway, to this very value
-                del automatic[key]  # overridden: only --node-labels can set this value
-        else:
-            node_labels[key] = value
+    # The kubelet or the CCM sets these keys, to the value the configuration must repeat.
+    node_labels = {k: v for k, v in wanted.items() if k not in kubelet and k not in ccm}
     return LabelSources(kubelet, ccm, node_labels)
+
+
+def _in_namespace(prefix: str, namespaces: tuple[str, ...]) -> bool:
+    return any(prefix == ns or prefix.endswith("." + ns) for ns in namespaces)
+
+
+def self_set_error(key: str) -> str | None:
+    """Why the kubelet cannot set label `key` on its own node, or None."""
+    prefix = key.rpartition("/")[0]
+    if not _in_namespace(prefix, _RESERVED_NAMESPACES) or key in _KUBELET_ALLOWED:
+        return None
+    if _in_namespace(prefix, _KUBELET_NAMESPACES):
+        return None
+    return (
+        f"the kubelet refuses to start with {key} in --node-labels (a node may set labels in "
+        "the kubernetes.io and k8s.io namespaces only under kubelet.kubernetes.io/ and "
+        "node.kubernetes.io/ and a few well-known keys), so nodes could never carry it: set "
+        "such labels another way, or use a prefix of your own (node-role.example.com/worker)"
+    )
+
+
+def label_error(key: str, value: str, flavor: str, zone: str | None) -> str | None:
+    """Why a group label cannot be promised by the group's template, or None: the kubelet
+    refuses it, or the kubelet or the CCM writes that key with another value (equal: fine)."""
+    ccm = "the cloud controller manager sets it on every new node"
+    if key in (LABEL_INSTANCE_TYPE, _BETA_INSTANCE_TYPE) and value != flavor:
+        return f'{ccm} to the server\'s flavor, "{flavor}", not "{value}"'
+    if key in (LABEL_ZONE, _BETA_ZONE, LABEL_REGION, _BETA_REGION):
+        if zone is None:
+            return f"{ccm} from the server's zone: set the group's zone instead"
+        expected = zone if key in (LABEL_ZONE, _BETA_ZONE) else region_of(zone)
+        if value != expected:
+            return f'{ccm} from the server\'s zone, to "{expected}", not "{value}"'
+    if key == LABEL_HOSTNAME:
+        return "the kubelet sets it to each node's own host name"
+    own = {LABEL_OS: OS, LABEL_ARCH: ARCH}.get(key)
+    if own is not None and value != own:
+        return f'the kubelet sets it to "{own}" on every cloudscale.ch node, not "{value}"'
+    return self_set_error(key)
+
+
+def gpu_label_error(key: str) -> str | None:
+    """Why `key` cannot carry the GPU type on the nodes, or None."""
+    if key in _KUBELET_ALLOWED:
+        return "a well-known node label the kubelet or the cloud controller manager sets"
+    return self_set_error(key)

@@ -59,7 +59,7 @@ nodeGroups:
     image: debian-12
     zone: lpg1
     volumeSizeGB: 50
-    labels: {{node-role.kubernetes.io/worker: ""}}
+    labels: {{node-role.example.com/worker: ""}}
     kubelet:
       systemReserved: {{cpu: 100m, memory: 512Mi}}
     userData: |

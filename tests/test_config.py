@@ -24,6 +24,7 @@ from cloudscale_autoscaler.config import (
     TLSConfig,
 )
 from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.engine.userdata import UserDataError, render
 from cloudscale_autoscaler.validation import (
     did_you_mean,
@@ -1321,6 +1322,8 @@ def test_example_config_is_valid(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     caplog.set_level(logging.WARNING)
     config = load_config(copy_dir / "config.yaml", env={"CLOUDSCALE_API_TOKEN": "anything"})
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # Nor what check-config and serve warn about, so the example's commands stay quiet.
+    assert config_warnings(config) == []
     assert [g.name for g in config.node_groups] == ["workers", "gpu", "private"]
     assert config.pricing is not None and config.pricing.currency == "CHF"
     assert config.node_groups[2].interfaces is not None

@@ -216,7 +216,7 @@ def test_options_overrides_win_everywhere() -> None:
 )
 def test_server_instance(status: str, deleting: bool, state: int, error_code: str) -> None:
     server = Server("47cec963-fcd2-482f-bdb6-24461b2d47b1", "n", status)
-    got = instances.server_instance(server, deleting)
+    got = instances.server_instance(server, deleting, is_booting=True)
     assert got.id == "cloudscale://47cec963-fcd2-482f-bdb6-24461b2d47b1"
     assert got.status.instanceState == state
     assert got.status.errorInfo.errorCode == error_code

@@ -32,7 +32,7 @@ def booting(server: Server, now_unix: float) -> bool:
     return now_unix - created < BOOT_WINDOW_SECONDS
 
 
-def server_state(status: str, is_booting: bool = True) -> State:
+def server_state(status: str, is_booting: bool) -> State:
     """A cloudscale server status as CA's instance state (without our own deletions)."""
     if status == "changing":
         return CREATING if is_booting else RUNNING
@@ -43,7 +43,7 @@ def server_state(status: str, is_booting: bool = True) -> State:
     return UNSPECIFIED
 
 
-def server_instance(server: Server, deleting: bool, is_booting: bool = True) -> pb.Instance:
+def server_instance(server: Server, deleting: bool, is_booting: bool) -> pb.Instance:
     instance_id = format_provider_id(server.uuid)
     if deleting:
         return pb.Instance(id=instance_id, status=pb.InstanceStatus(instanceState=DELETING))

@@ -136,8 +136,9 @@ def self_set_error(key: str) -> str | None:
     return (
         f"the kubelet refuses to start with {key} in --node-labels (a node may set labels in "
         "the kubernetes.io and k8s.io namespaces only under kubelet.kubernetes.io/ and "
-        "node.kubernetes.io/ and a few well-known keys), so nodes could never carry it: set "
-        "such labels another way, or use a prefix of your own (node-role.example.com/worker)"
+        "node.kubernetes.io/ and a few well-known keys), so it cannot come through "
+        "${node_labels}: set such labels another way, or use a prefix of your own "
+        "(node-role.example.com/worker)"
     )
 
 

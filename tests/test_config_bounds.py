@@ -4,6 +4,7 @@ arbitrary text, bytes and YAML to the loader (the only outcomes: a Config or a C
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +47,47 @@ def errors(directory: Path, text: str, files: dict[str, str] | None = None) -> l
 
 def config_text(group_extra: str = "", top: str = "") -> str:
     return f"{HEAD}{top}nodeGroups:\n  {GROUP[:-1]}{group_extra}}}\n"
+
+
+# Every file a config names, as (where it is written, the error's path).
+NAMED_FILES = {
+    "tokenFile": (lambda f: config_text(top=f"cloudscale: {{tokenFile: {f}}}\n"), "cloudscale"),
+    "userData": (lambda f: config_text(f", userData: {{file: {f}}}"), "nodeGroups[0].userData"),
+    "kubelet": (lambda f: config_text(f", kubelet: {{configFile: {f}}}"), "nodeGroups[0].kubelet"),
+}
+
+
+@pytest.mark.parametrize("named", NAMED_FILES)
+def test_an_oversized_named_file_is_refused_naming_it(tmp_path: Path, named: str) -> None:
+    write, at = NAMED_FILES[named]
+    big = tmp_path / "big"
+    big.write_text("x" * (MAX_DOCUMENT_BYTES + 1))
+    (error,) = errors(tmp_path, write(big))
+    assert error.startswith(f"{at}.")
+    assert error.endswith(f": cannot read {big}: larger than 1024 KiB")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+@pytest.mark.parametrize("named", NAMED_FILES)
+def test_a_named_file_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, named: str, special: str
+) -> None:
+    # /dev/zero never ends and a FIFO blocks the reader: neither may be read.
+    path = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)
+    write, at = NAMED_FILES[named]
+    (error,) = errors(tmp_path, write(path))
+    assert error.startswith(f"{at}.")
+    assert error.endswith(f": cannot read {path}: not a regular file")
+
+
+def test_a_tls_file_that_is_not_a_regular_file_is_named_so(tmp_path: Path) -> None:
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("checked when serving starts\n")
+    tls = "tls: {cert: tls.crt, key: tls.key, clientCA: /dev/zero}\n"
+    text = config_text().replace("tls: {insecure: true}\n", tls)
+    assert errors(tmp_path, text) == ["tls.clientCA: not a regular file: /dev/zero"]
 
 
 @pytest.mark.parametrize(

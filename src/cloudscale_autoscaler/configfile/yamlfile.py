@@ -8,6 +8,7 @@ the keys written next to it win over the merged ones, and are checked for duplic
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -97,11 +98,20 @@ def read_document(path: Path) -> str:
     return data.decode("utf-8")
 
 
-def read_text(path: Path) -> str:
-    """A UTF-8 text file; raises FileProblem naming the path, never the content."""
+def read_text(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
+    """A regular UTF-8 text file of at most `limit` bytes, reading no more than that (a token
+    file at /dev/zero must not exhaust memory, a FIFO must not block); raises FileProblem
+    naming the path, never the content."""
     try:
-        return path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise FileProblem(f"cannot read {path}: not a regular file")
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
     except OSError as exc:
         raise FileProblem(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise FileProblem(f"cannot read {path}: larger than {limit // 1024} KiB")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise FileProblem(f"cannot read {path}: not UTF-8 text") from None

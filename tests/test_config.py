@@ -1218,6 +1218,8 @@ def test_host_port(text: str, expected: tuple[str, int]) -> None:
     ("text", "reason"),
     [
         ("[:::1]:80", '"[:::1]" is not an IPv6 address'),
+        ("999.1.1.1:80", '"999.1.1.1" is not an IPv4 address'),
+        ("10.0.1:80", '"10.0.1" is not an IPv4 address'),
         ("::1:80", "host must be an IP address, a host name, or an IPv6 address in brackets"),
         ("host_name:80", "host must be an IP address, a host name, or an IPv6 address in brackets"),
         ("host:-1", "port must be a number from 1 to 65535"),

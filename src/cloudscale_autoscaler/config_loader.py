@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -160,11 +161,23 @@ def _address(fields: Fields, key: str) -> str | None:
     if value is None:
         return None
     try:
-        parse_host_port(value)
+        host, _ = parse_host_port(value)
     except ValueError as exc:
         fields.issues.add(fields.at(key), str(exc))
         return None
+    if not fields.issues.check(fields.at(key), _unresolvable(value, host.strip("[]"))):
+        return None
     return value
+
+
+def _unresolvable(value: str, host: str) -> str | None:
+    """`serve` binds the name, so it must resolve here too: check-config then refuses what
+    serve would refuse. IP addresses resolve to themselves without asking DNS."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return f'invalid address "{value}": cannot resolve "{host}" ({exc})'
+    return None
 
 
 _WILDCARDS = ("0.0.0.0", "[::]", "::")
@@ -215,8 +228,10 @@ def _tls(fields: Fields, base_dir: Path) -> TLSConfig:
 
 
 def _readable_file_error(path: Path) -> str | None:
-    if not path.is_file():
+    if not path.exists():
         return f"file not found: {path}"
+    if not path.is_file():
+        return f"not a regular file: {path}"
     if not os.access(path, os.R_OK):
         return f"file not readable: {path}"
     return None

@@ -105,6 +105,14 @@ def parse_host_port(value: str) -> tuple[str, int]:
             f'invalid address "{value}": host must be an IP address, a host name, '
             "or an IPv6 address in brackets"
         )
+    elif all(label.isdigit() for label in host.split(".")):
+        # No host name is all digits (RFC 1123: the top-level label is not numeric).
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(
+                f'invalid address "{value}": "{host}" is not an IPv4 address'
+            ) from None
     return host, int(port_text)
 
 

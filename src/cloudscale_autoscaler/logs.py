@@ -8,9 +8,12 @@ Secrets registered with `register_secret` (the cloudscale.ch API token) are mask
 output line, whatever path they took into it: message, arguments, extras or a traceback.
 
 `--log-level` applies to our own loggers; other libraries' records reach the output only from
-WARNING up, except httpx's one line per API request while debugging. What Python reports as
+WARNING up, at any level (our cloud client logs each API request itself). What Python reports as
 "unraisable" (an exception in a callback the compiled transport made, which has no caller to
 raise to) is logged here too, as an error with its traceback, not printed past the format.
+
+A command's messages for the person at the terminal (an invalid config, a warning) go through
+`to_stderr`: the text as written in plain format, one JSON record with `--log-format json`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import datetime as dt
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -43,9 +47,8 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)
     "request_id",
 }
 _HANDLER_MARK = "_cloudscale_autoscaler_handler"
-# Loggers whose records below WARNING are shown (at the chosen level): ours, and httpx, whose
-# own level is set below.
-_VERBOSE_LOGGERS = ("cloudscale_autoscaler", "httpx")
+# Loggers whose records below WARNING are shown (at the chosen level): ours only.
+_VERBOSE_LOGGERS = ("cloudscale_autoscaler",)
 
 
 def register_secret(secret: str) -> None:
@@ -154,9 +157,37 @@ def setup_logging(fmt: str, level: str) -> None:
     root.addHandler(handler)
     root.setLevel(numeric)
     sys.unraisablehook = _log_unraisable
-    # httpx logs every request at INFO: only interesting while debugging. httpcore's
-    # connection-level chatter is noise even then.
-    logging.getLogger("httpx").setLevel(
-        logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    # Not even created below WARNING: httpx's line per request repeats our client's own
+    # debug line, and httpcore's connection chatter is noise.
+    for library in ("httpx", "httpcore"):
+        logging.getLogger(library).setLevel(logging.WARNING)
+
+
+def _json_output() -> bool:
+    """Whether setup_logging chose JSON: only then must stderr hold nothing but records."""
+    return any(
+        getattr(handler, _HANDLER_MARK, False) and isinstance(handler.formatter, JSONFormatter)
+        for handler in logging.getLogger().handlers
     )
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+
+def to_stderr(
+    logger: logging.Logger,
+    level: int,
+    message: str,
+    errors: Sequence[str] = (),
+    *,
+    plain_prefix: str = "",
+) -> None:
+    """A command's message and its list of errors. Plain: `<prefix><message> (N errors):` and
+    each error indented on its own line, as a person reads it. JSON: one record, the errors as
+    the list field `errors`, so a log pipeline keeps them together."""
+    if errors:
+        noun = "error" if len(errors) == 1 else "errors"
+        message = f"{message} ({len(errors)} {noun})"
+    if _json_output():
+        logger.log(level, message, extra={"errors": list(errors)} if errors else None)
+        return
+    print(plain_prefix + message + (":" if errors else ""), file=sys.stderr)
+    for error in errors:
+        print(f"  {error}", file=sys.stderr)

@@ -495,7 +495,16 @@ class CloudscaleClient:
         except httpx.RequestError:
             self._observe(operation, "error", time.monotonic() - started)
             raise
-        self._observe(operation, str(response.status_code), time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self._observe(operation, str(response.status_code), seconds)
+        logger.debug(
+            "cloudscale API %s %s: %d in %.3fs",
+            method,
+            path,
+            response.status_code,
+            seconds,
+            extra={"operation": operation},
+        )
         # httpx links a read response and its stream both ways; that cycle keeps the whole body
         # (tens of MB for a large listing) alive until a full garbage collection. The body is
         # read and the stream closed by now, so dropping the stream frees it on the last use.

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.tls import PKI, grpc_channel
 from fixtures.tools import cli, free_port
 
@@ -189,3 +190,68 @@ def test_unraisable_exceptions_are_logged_in_the_chosen_format(tmp_path: Path) -
     assert record["logger"] == "cloudscale_autoscaler.unraisable"
     assert "Doomed.__del__" in record["message"]
     assert "RuntimeError: raised where no caller can see it" in record["exception"]
+
+
+def run_json(*args: str, token: str = "x" * 20) -> subprocess.CompletedProcess[str]:
+    argv = cli("--log-format", "json", "--log-level", "debug", *args)
+    env = {**clean_env(), "CLOUDSCALE_API_TOKEN": token}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+@pytest.mark.parametrize("case", ["invalid", "missing"])
+def test_a_config_serve_refuses_is_one_json_record_listing_the_errors(
+    tmp_path: Path, case: str
+) -> None:
+    config = tmp_path / "config.yaml"
+    if case == "invalid":
+        config.write_text("cluster: Not_A_Label\ntls: {insecure: true}\nnodeGroups: []\n")
+    done = run_json("serve", "--config", str(config))
+    assert done.returncode == 2
+    (record,) = json_lines(done.stderr)
+    assert record["level"] == "error"
+    count = 1 if case == "missing" else len(record["errors"])
+    noun = "error" if count == 1 else "errors"
+    assert record["message"] == f"{config}: invalid config ({count} {noun})"
+    expected = "cluster: " if case == "invalid" else f"{config}: cannot read: "
+    assert record["errors"][0].startswith(expected)
+
+
+def write_warned_config(directory: Path, url: str) -> Path:
+    """A valid config that check-config warns about (autoscalingOptions), for `url`."""
+    config = directory / "config.yaml"
+    group = {"name": "w", "minSize": 0, "maxSize": 2, "flavor": "flex-4-2", "image": "debian-12"}
+    doc = {
+        "cluster": "logs",
+        "tls": {"insecure": True},
+        "cloudscale": {"url": url},
+        "nodeGroups": [{**group, "autoscalingOptions": {"scaleDownUnneededTime": "5m"}}],
+    }
+    config.write_text(json.dumps(doc))
+    return config
+
+
+def test_check_config_and_template_write_only_json_to_stderr(tmp_path: Path) -> None:
+    # Nothing listens at the URL: template falls back to the flavor slug, with a note.
+    config = write_warned_config(tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    checked = run_json("check-config", "--config", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert "config OK" in checked.stdout
+    (warning,) = json_lines(checked.stderr)
+    assert warning["level"] == "warning" and "autoscalingOptions" in warning["message"]
+    shown = run_json("template", "--config", str(config), "w")
+    assert shown.returncode == 0, shown.stderr
+    records = json_lines(shown.stderr)
+    assert any("sizes read from the flavor slug" in r["message"] for r in records)
+
+
+async def test_debug_logs_each_api_request_once_and_no_library_lines(
+    tmp_path: Path, emulator: RunningEmulator
+) -> None:
+    config = write_warned_config(tmp_path, emulator.url)
+    argv = ("check-config", "--online", "--config", str(config))
+    checked = await asyncio.to_thread(run_json, *argv, token=TOKEN)
+    assert checked.returncode == 0, checked.stderr
+    records = json_lines(checked.stderr)
+    requests = [r for r in records if r["message"].startswith("cloudscale API GET ")]
+    assert {r["operation"] for r in requests} >= {"list_flavors", "list_images", "list_regions"}
+    assert all(r["logger"].startswith("cloudscale_autoscaler") for r in records), records

@@ -167,3 +167,36 @@ def assert_same_refusal(config: Path, expected: str) -> None:
         f"{config}: invalid config (1 error):",
         f"  {message}",
     ]
+
+
+# Configs the loader refuses: both commands exit 2 with the same lines (header included).
+LOADER_REFUSALS: dict[str, tuple[dict[str, object], str]] = {
+    "listen-not-an-ip": (
+        {"listen": "999.1.1.1:18086"},
+        'listen: invalid address "999.1.1.1:18086": "999.1.1.1" is not an IPv4 address',
+    ),
+    # .invalid never resolves (RFC 6761).
+    "listen-unresolvable": (
+        {"listen": "no-such-host.invalid:18086"},
+        'listen: invalid address "no-such-host.invalid:18086": cannot resolve',
+    ),
+    "client-ca-not-a-file": (
+        {"tls": {"cert": "tls/tls.crt", "key": "tls/tls.key", "clientCA": "/dev/zero"}},
+        "tls.clientCA: not a regular file: /dev/zero",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LOADER_REFUSALS)
+def test_serve_and_check_config_refuse_an_invalid_config_alike(
+    case: str, tmp_path: Path, pki: certs.DevPKI
+) -> None:
+    config = write_config(tmp_path, pki)
+    change, expected = LOADER_REFUSALS[case]
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), **change}))
+    served = run_cli("serve", "--config", str(config))
+    checked = run_cli("check-config", "--config", str(config))
+    assert (served.returncode, checked.returncode) == (2, 2), (served.stderr, checked.stdout)
+    assert served.stderr == checked.stderr
+    assert checked.stderr.splitlines()[0] == f"{config}: invalid config (1 error):"
+    assert checked.stderr.splitlines()[1].startswith(f"  {expected}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.configfile.check import catalogue_errors, fetch_catalogue
 from cloudscale_autoscaler.configfile.network_check import interface_errors, networks_to_check
 from cloudscale_autoscaler.engine.engine import Engine
-from cloudscale_autoscaler.logs import register_secret
+from cloudscale_autoscaler.logs import register_secret, to_stderr
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.gate import gated
@@ -267,7 +266,7 @@ def serve_command(config_path: Path) -> int:
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        to_stderr(log, logging.ERROR, f"{exc.source}: invalid config", exc.errors)
         return EXIT_BAD_CONFIG
     if config.cloudscale.token:
         register_secret(config.cloudscale.token)

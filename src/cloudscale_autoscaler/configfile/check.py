@@ -7,7 +7,7 @@ including an unreachable API or a rejected token.
 from __future__ import annotations
 
 import asyncio
-import sys
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +25,10 @@ from cloudscale_autoscaler.configfile.network_check import (
     uses_private_networks,
 )
 from cloudscale_autoscaler.configfile.pricing import price_text, pricing_text
+from cloudscale_autoscaler.logs import to_stderr
 from cloudscale_autoscaler.validation import uuid_error
+
+log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -48,7 +51,7 @@ def run_check(path: Path, online: bool) -> int:
     print(f"{path}: config OK")
     print(summary(config))
     for warning in config_warnings(config):
-        print(f"warning: {warning}", file=sys.stderr)
+        to_stderr(log, logging.WARNING, warning, plain_prefix="warning: ")
     if not online:
         return EXIT_OK
     return _online(config)
@@ -79,10 +82,7 @@ def _start_errors(config: Config) -> list[str]:
 
 
 def _print_errors(headline: str, errors: Sequence[str]) -> None:
-    noun = "error" if len(errors) == 1 else "errors"
-    print(f"{headline} ({len(errors)} {noun}):", file=sys.stderr)
-    for error in errors:
-        print(f"  {error}", file=sys.stderr)
+    to_stderr(log, logging.ERROR, headline, errors)
 
 
 def _count(n: int, noun: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from google.protobuf.message import Message
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig
+from cloudscale_autoscaler.logs import to_stderr
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.node import build_template_node
 from cloudscale_autoscaler.template.slug import flavor_from_slug
@@ -29,6 +31,7 @@ _QUANTITY = "k8s.io.apimachinery.pkg.api.resource.Quantity"
 _TIME = "k8s.io.apimachinery.pkg.apis.meta.v1.Time"
 EXIT_USAGE = 2
 EXIT_CLOUD = 1
+log = logging.getLogger(__name__)
 
 
 def node_to_dict(node: core_v1_pb2.Node) -> dict[str, Any]:
@@ -84,7 +87,7 @@ async def _fetch_flavors(config: Config) -> list[Flavor]:
 
 
 def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    to_stderr(log, logging.ERROR, message, plain_prefix="error: ")
 
 
 def template_command(config_path: Path, group: str, output: str) -> int:
@@ -110,10 +113,12 @@ def template_command(config_path: Path, group: str, output: str) -> int:
         if flavor is None:
             _error(f"cannot list flavors from {config.cloudscale.url}: {exc}")
             return EXIT_CLOUD
-        print(
-            f"note: cannot list flavors from {config.cloudscale.url} ({exc}); "
+        to_stderr(
+            log,
+            logging.WARNING,
+            f"cannot list flavors from {config.cloudscale.url} ({exc}); "
             f'sizes read from the flavor slug "{flavor.slug}"',
-            file=sys.stderr,
+            plain_prefix="note: ",
         )
         flavors = [flavor]
     flavor = next((f for f in flavors if f.slug == group_config.flavor), None)
@@ -131,7 +136,7 @@ def template_command(config_path: Path, group: str, output: str) -> int:
         return EXIT_USAGE
     sys.stdout.write(render(node_to_dict(node), output))
     # What the Node does not show, on stderr so that stdout stays one document.
-    print(group_notes(config, group_config), file=sys.stderr)
+    to_stderr(log, logging.INFO, group_notes(config, group_config))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The docs and help match the product: no pointer outside the repository, the quick start
-says how the demo ends, the emulator's help says what its options do, and the package
+"""The docs and help match the product: no pointer outside the repository (nor in the tests),
+the quick start says how the demo ends, the help says what the options do, and the package
 metadata builds without setuptools deprecation warnings."""
 
 from __future__ import annotations
@@ -31,6 +31,38 @@ def test_docs_point_at_nothing_outside_the_repository() -> None:
             if not resolved.is_relative_to(ROOT) or not resolved.exists():
                 outside.append(f"{doc.name}: {target}")
     assert outside == []
+
+
+# Where the tests and docs might point at this machine's files instead of public sources.
+_SCANNED = ("README.md", "docs", "tests", "examples", "deploy", "bench", "src")
+_SCANNED_SUFFIXES = {".md", ".py", ".go", ".yaml", ".yml", ".txt", ".toml", ".proto", ".rs"}
+_MACHINE_PATH = re.compile(r"/work/|shared/reference/")
+
+
+def _scanned_files() -> list[Path]:
+    files: list[Path] = []
+    for name in _SCANNED:
+        top = ROOT / name
+        candidates = [top] if top.is_file() else top.rglob("*")
+        files += [
+            path
+            for path in candidates
+            if path.suffix in _SCANNED_SUFFIXES
+            and path.is_file()
+            and not {".venv", "__pycache__", "node_modules"} & set(path.parts)
+            and path != Path(__file__).resolve()
+        ]
+    return files
+
+
+def test_tests_and_docs_point_at_no_machine_path() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _scanned_files()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if _MACHINE_PATH.search(line)
+    ]
+    assert found == []
 
 
 def test_quick_start_says_how_the_demo_ends() -> None:

@@ -1,8 +1,9 @@
 """The generated protobuf code is fresh, and our descriptors match the externalgrpc contract.
 
-The expected tables below are written out by hand from /work/shared/reference/externalgrpc.md
+The expected tables below are written out by hand from the upstream proto, kubernetes/autoscaler
+cluster-autoscaler/cloudprovider/externalgrpc/protos/externalgrpc.proto
 (field names, numbers, types as the upstream Cluster Autoscaler sends and reads them) and
-Kubernetes' generated.proto for the few k8s fields the reference leaves untyped; they are
+Kubernetes' generated.proto for the k8s messages it imports; they are
 deliberately NOT derived from proto/, so a typo in our .proto fails here.
 """
 

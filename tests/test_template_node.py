@@ -1,7 +1,7 @@
 """The template Node: labels, taints, resources, and its bytes read back by an independent decoder.
 
 The decoder below is deliberately written from the protobuf wire format and the field numbers of
-k8s.io/api core/v1 (docs: shared/reference/externalgrpc.md), not from our generated classes, so a
+k8s.io/api core/v1 (its generated.proto), not from our generated classes, so a
 wrong field number or a wrong nesting in our .proto would show up here.
 """
 

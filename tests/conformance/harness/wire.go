@@ -1,8 +1,9 @@
 package main
 
 // Protobuf wire encoding of the externalgrpc messages, written from the field numbers of the
-// upstream .proto (see /work/shared/reference/externalgrpc.md), independently of our own
-// proto/ so that a wrong number or type in ours shows up here. Decoding follows Go protobuf:
+// upstream .proto (kubernetes/autoscaler,
+// cluster-autoscaler/cloudprovider/externalgrpc/protos/externalgrpc.proto), independently of
+// our own proto/ so that a wrong number or type in ours shows up here. Decoding follows Go protobuf:
 // last scalar wins, repeated message occurrences merge, a known field with an unexpected wire
 // type is ignored as unknown. Such anomalies are recorded so the scenario can fail on them.
 

@@ -4,11 +4,15 @@ metadata builds without setuptools deprecation warnings."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
-from fixtures.tools import run_cli
+from fixtures.tools import free_port, run_cli
 from setuptools.config.pyprojecttoml import apply_configuration
 from setuptools.dist import Distribution
 
@@ -84,3 +88,42 @@ def test_package_metadata_has_no_setuptools_deprecation() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         apply_configuration(Distribution(), ROOT / "pyproject.toml")
+
+
+def _try_it_commands() -> list[str]:
+    """The commands of examples/config.yaml's "Try it" header, without their comments."""
+    text = (ROOT / "examples" / "config.yaml").read_text()
+    block = text.split("# Try it", 1)[1].split("\n#\n", 1)[0]
+    lines = [line.removeprefix("#").strip() for line in block.splitlines()[1:]]
+    return [re.sub(r"\s+#.*$", "", line) for line in lines]
+
+
+def test_the_example_try_it_block_runs_as_written(tmp_path: Path) -> None:
+    # In a scratch copy, on a free port instead of 8087, without a token in the environment;
+    # up to `serve`, which would keep serving (the tests of serve cover it).
+    port = str(free_port())
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    config = tmp_path / "examples" / "config.yaml"
+    config.write_text(config.read_text().replace("8087", port))
+    commands = [c.replace("8087", port) for c in _try_it_commands()]
+    assert commands[-1].startswith("cloudscale-autoscaler serve ")
+    script = ["set -e", "trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
+    for command in commands[:-1]:
+        script.append(command)
+        if command.endswith("&"):  # as long as a person takes to type the next line
+            script.append(
+                f"until (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; do sleep 0.1; done"
+            )
+    env = {k: v for k, v in os.environ.items() if k != "CLOUDSCALE_API_TOKEN"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "online check against" in done.stdout and ": OK (" in done.stdout

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 from fixtures.tools import free_port, run_cli
 from setuptools.config.pyprojecttoml import apply_configuration
 from setuptools.dist import Distribution
@@ -82,6 +83,22 @@ def test_emulator_help_says_what_the_seed_seeds_and_shows_defaults() -> None:
     assert "seeds every random decision" in text and "UUIDs" in text and "fault" in text
     for default in ("(default: 127.0.0.1:8087)", "(default: 0)", "(default: 5.0)"):
         assert default in text
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "says"),
+    [
+        ("emulator", "--token", "not set: accepts any token"),
+        ("check-config", "--online", "networks and subnets"),
+        ("demo", "--certs-dir", "config and mTLS certificates"),
+    ],
+)
+def test_every_option_has_help_that_says_what_it_does(command: str, option: str, says: str) -> None:
+    done = run_cli(command, "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    described = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
+    assert says in described and "None" not in described
 
 
 def test_package_metadata_has_no_setuptools_deprecation() -> None:

@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--online",
         action="store_true",
-        help="also check flavors, images and zones against the cloud API",
+        help="also check flavors, images, zones, networks and subnets against the cloud API",
     )
 
     sub.add_parser("version", help="print the version")
@@ -44,7 +44,10 @@ def _parser() -> argparse.ArgumentParser:
         "--listen", default="127.0.0.1:8087", metavar="HOST:PORT", help="address to serve on"
     )
     emulator.add_argument(
-        "--token", default=None, help="the Bearer token requests must carry; None accepts any token"
+        "--token",
+        # Absent rather than None, so the help shows no "(default: None)".
+        default=argparse.SUPPRESS,
+        help="the Bearer token requests must carry; not set: accepts any token",
     )
     emulator.add_argument(
         "--seed",
@@ -84,7 +87,13 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
-    demo.add_argument("--certs-dir", type=Path, default=None)
+    demo.add_argument(
+        "--certs-dir",
+        type=Path,
+        default=None,
+        help="directory for the demo's config and mTLS certificates, kept for grpcurl "
+        "(default: a temporary directory, removed on exit)",
+    )
     return parser
 
 
@@ -108,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "emulator":
         from cloudscale_autoscaler.cloud.emulator.server import emulator_command
 
-        return emulator_command(args.listen, args.token, args.seed, args.boot_seconds)
+        token = getattr(args, "token", None)
+        return emulator_command(args.listen, token, args.seed, args.boot_seconds)
     if command == "certs":
         from cloudscale_autoscaler.certs import certs_command
 

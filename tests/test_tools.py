@@ -6,10 +6,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from fixtures.tools import GRPCURL, ToolUnavailable, failure_file, go_binary, install, tools_dir
+from fixtures.tools import (
+    GRPCURL,
+    ToolUnavailable,
+    failure_file,
+    failure_stamp,
+    go_binary,
+    install,
+    tools_dir,
+)
 
 # A module the proxy can never serve; GOPROXY=off makes the build fail at once, offline.
 BROKEN = dataclasses.replace(
@@ -81,3 +90,44 @@ def test_no_test_hard_codes_where_go_lives() -> None:
     ]
     # fixtures/tools.py names it once, as one of Go's standard install locations.
     assert offenders == ["fixtures/tools.py"]
+
+
+@pytest.fixture
+def no_modules(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty module cache with the proxy off: building kube-apiserver fails at once."""
+    monkeypatch.setenv("GOMODCACHE", str(empty_cache / "mod"))
+    return empty_cache
+
+
+def test_a_failed_kube_apiserver_build_is_remembered(no_modules: Path) -> None:
+    if go_binary() is None:
+        pytest.fail("no Go toolchain: the tests against a real kube-apiserver cannot run")
+    from fixtures.kube import ensure_apiserver, pinned_version
+
+    with pytest.raises(ToolUnavailable) as first:
+        ensure_apiserver()
+    assert "failed" in str(first.value) and "GOPROXY=off" in str(first.value)
+    stamp = failure_stamp("kube-apiserver", pinned_version())
+    assert stamp.is_relative_to(no_modules)
+    written = stamp.stat().st_mtime_ns
+    with pytest.raises(ToolUnavailable) as again:
+        ensure_apiserver()
+    assert "failed before" in str(again.value) and str(stamp) in str(again.value)
+    assert stamp.stat().st_mtime_ns == written
+
+
+def test_the_kube_prebuild_reports_a_failure_without_a_traceback(no_modules: Path) -> None:
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(tests)}
+    done = subprocess.run(
+        [sys.executable, "-m", "fixtures.kube"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("kube-apiserver: building kube-apiserver ")
+    assert "failed" in done.stderr and "GOPROXY=off" in done.stderr

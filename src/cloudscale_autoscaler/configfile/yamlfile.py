@@ -103,7 +103,8 @@ def read_text(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
     file at /dev/zero must not exhaust memory, a FIFO must not block); raises FileProblem
     naming the path, never the content."""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # opening a directory says so
             raise FileProblem(f"cannot read {path}: not a regular file")
         with path.open("rb") as stream:
             data = stream.read(limit + 1)

@@ -91,9 +91,9 @@ async def test_every_rpc_is_routed(pki: PKI) -> None:
             )
 
 
-def _status_of_a_call_without_its_body(port: int, pki: PKI, path: str, timeout_ms: int) -> str:
-    """Sends a call's headers (with grpc-timeout) and never its body; the grpc-status the
-    server ends it with."""
+def _status_of_a_call_without_its_body(port: int, pki: PKI, path: str, timeout: str) -> str:
+    """Sends a call's headers (with grpc-timeout) and never its body; the grpc-status and
+    grpc-message the server ends it with."""
     with (
         socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw,
         client_ssl_context(pki).wrap_socket(raw, server_hostname="localhost") as tls,
@@ -107,7 +107,7 @@ def _status_of_a_call_without_its_body(port: int, pki: PKI, path: str, timeout_m
             (":path", path),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
-            ("grpc-timeout", f"{timeout_ms}m"),
+            ("grpc-timeout", timeout),
         ]
         connection.send_headers(1, headers)
         tls.sendall(connection.data_to_send())
@@ -118,7 +118,7 @@ def _status_of_a_call_without_its_body(port: int, pki: PKI, path: str, timeout_m
                 if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
                     fields = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers}
                     if "grpc-status" in fields:
-                        return fields["grpc-status"]
+                        return f"{fields['grpc-status']} {fields.get('grpc-message', '')}"
                 if isinstance(event, h2.events.StreamReset):
                     return f"reset {event.error_code}"
             tls.sendall(connection.data_to_send())
@@ -130,9 +130,35 @@ async def test_a_deadline_counts_from_the_call_s_start_not_its_body(pki: PKI) ->
     async with serving(make_config(pki)) as running:
         path = f"/{SERVICE}/NodeGroupDeleteNodes"
         code = await asyncio.to_thread(
-            _status_of_a_call_without_its_body, running.port, pki, path, 300
+            _status_of_a_call_without_its_body, running.port, pki, path, "300m"
         )
-    assert code == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+    assert code == f"{grpc.StatusCode.DEADLINE_EXCEEDED.value[0]} Deadline Exceeded"
+
+
+async def test_a_malformed_grpc_timeout_is_refused_naming_it(
+    pki: PKI, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # gRPC allows at most 8 digits; a longer one once overflowed the deadline arithmetic and
+    # the transport panicked (stream reset, backtrace on stderr, no metric). grpc-go's server
+    # refuses such a call INTERNAL, naming the value.
+    async with serving(make_config(pki)) as running:
+        path = f"/{SERVICE}/NodeGroups"
+        outcomes = [
+            await asyncio.to_thread(
+                _status_of_a_call_without_its_body, running.port, pki, path, timeout
+            )
+            for timeout in ("10000000000000000000S", "5x")
+        ]
+        counted = {r.method: r.codes for r in running.rpc_readings()}["NodeGroups"]
+    internal = grpc.StatusCode.INTERNAL.value[0]
+    assert outcomes == [
+        f'{internal} malformed grpc-timeout "10000000000000000000S": expected 1 to 8 digits '
+        "and a unit (H, M, S, m, u or n)",
+        f'{internal} malformed grpc-timeout "5x": expected 1 to 8 digits and a unit '
+        "(H, M, S, m, u or n)",
+    ]
+    assert counted == {"INTERNAL": 2}
+    assert "panicked" not in capfd.readouterr().err
 
 
 async def test_health_serving(pki: PKI) -> None:

@@ -150,8 +150,11 @@ impl Core {
         // The caller's deadline runs from when its call arrived, reading a large body included.
         // Answered a moment before tonic's own deadline timer would end the call as CANCELLED:
         // an expired deadline is DEADLINE_EXCEEDED, as from any gRPC server.
-        let deadline =
-            grpc_timeout(request.headers()).map(|t| started + t.saturating_sub(HEADSTART));
+        // A deadline too far off to represent is no deadline.
+        let deadline = match grpc_timeout(request.headers()) {
+            Ok(timeout) => timeout.and_then(|t| started.checked_add(t.saturating_sub(HEADSTART))),
+            Err(refusal) => return refusal,
+        };
         let message = match before(deadline, read_message(request.into_body())).await {
             Ok(message) => message,
             Err(refusal) => return refusal,
@@ -245,20 +248,37 @@ pub fn frame(message: &[u8]) -> Bytes {
     framed.freeze()
 }
 
-/// The caller's `grpc-timeout` (digits and a unit, e.g. `4999m`), if any.
-fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
+/// The caller's `grpc-timeout` (at most 8 digits and a unit, e.g. `4999m`), if any. Anything
+/// else ends the call INTERNAL naming the value, as grpc-go's server does.
+fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, Answer> {
+    let Some(header) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let malformed = |why: &str| {
+        let value = String::from_utf8_lossy(header.as_bytes());
+        Err(status(
+            INTERNAL,
+            &format!("malformed grpc-timeout {value:?}: {why}"),
+        ))
+    };
+    let value = header.to_str().unwrap_or("");
+    let Some(split) = value.len().checked_sub(1).filter(|&s| s > 0) else {
+        return malformed("expected 1 to 8 digits and a unit (H, M, S, m, u or n)");
+    };
+    let (digits, unit) = value.split_at(split);
+    if digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return malformed("expected 1 to 8 digits and a unit (H, M, S, m, u or n)");
+    }
+    let amount: u64 = digits.parse().unwrap_or(0); // 8 digits always fit
+    Ok(Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
         "S" => Duration::from_secs(amount),
         "m" => Duration::from_millis(amount),
         "u" => Duration::from_micros(amount),
         "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+        _ => return malformed("expected 1 to 8 digits and a unit (H, M, S, m, u or n)"),
+    }))
 }
 
 /// grpc-message's percent-encoding: printable ASCII except '%' stays as is.
@@ -355,13 +375,38 @@ impl tower_service::Service<Request<BoxBody>> for CloudProvider {
 mod tests {
     use super::*;
 
+    fn timeout(value: &'static str) -> Result<Option<Duration>, String> {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", HeaderValue::from_static(value));
+        grpc_timeout(&headers).map_err(|answer| match answer {
+            Answer::Status(code, message) => format!("{code} {message}"),
+            Answer::Ok(_) => String::new(),
+        })
+    }
+
     #[test]
     fn timeouts_and_messages() {
-        let mut headers = HeaderMap::new();
-        headers.insert("grpc-timeout", HeaderValue::from_static("4999m"));
-        assert_eq!(grpc_timeout(&headers), Some(Duration::from_millis(4999)));
-        headers.insert("grpc-timeout", HeaderValue::from_static("7x"));
-        assert_eq!(grpc_timeout(&headers), None);
+        assert_eq!(grpc_timeout(&HeaderMap::new()).ok(), Some(None));
+        assert_eq!(timeout("4999m"), Ok(Some(Duration::from_millis(4999))));
+        assert_eq!(
+            timeout("99999999H"),
+            Ok(Some(Duration::from_secs(99_999_999 * 3600)))
+        );
+        for bad in [
+            "7x",
+            "",
+            "S",
+            "123456789S",
+            "10000000000000000000S",
+            "-1S",
+            "+1S",
+        ] {
+            let refusal = timeout(bad).expect_err(bad);
+            assert!(
+                refusal.starts_with(&format!("13 malformed grpc-timeout {bad:?}")),
+                "{refusal}"
+            );
+        }
         assert_eq!(percent_encode("a 100% 'ü'\n"), "a 100%25 '%C3%BC'%0A");
     }
 }

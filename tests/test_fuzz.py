@@ -298,8 +298,8 @@ TRUNCATED = b"\x0a\x05ab"  # field 1 says 5 bytes, 2 follow
 
 
 @EXAMPLES
-# Regressions: both answered UNKNOWN "Unexpected <class DecodeError>" before the transport's
-# MalformedRequestInterceptor.
+# Regressions: both once answered UNKNOWN "Unexpected <class DecodeError>"; now the request
+# bytes are parsed in transport/calls.py, which answers INVALID_ARGUMENT.
 @example(rpc="NodeGroupTargetSize", payload=INVALID_UTF8_ID)
 @example(rpc="NodeGroupDeleteNodes", payload=TRUNCATED)
 @given(

@@ -11,8 +11,8 @@ has no answer for, to `calls.Calls` on the event loop.
 TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
 transport checks the files through `ReloadingCredentials` before each new handshake (at most
 once per `reload_interval`) and swaps in new material for the connections accepted from then
-on. rustls refuses TLS below 1.2 and client certificates without the clientAuth usage; each
-refused handshake is logged with the client's address and rustls' reason (transport/handshakes.py,
+on. rustls refuses TLS below 1.2 and client certificates whose extended key usage excludes
+clientAuth (one without that extension is accepted); each refused handshake is logged with the client's address and rustls' reason (transport/handshakes.py,
 at most one line per client address a minute).
 
 Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA's

@@ -12,8 +12,9 @@ TLS: Python loads and validates the files (transport/tls.py) and hands the PEM b
 transport checks the files through `ReloadingCredentials` before each new handshake (at most
 once per `reload_interval`) and swaps in new material for the connections accepted from then
 on. rustls refuses TLS below 1.2 and client certificates whose extended key usage excludes
-clientAuth (one without that extension is accepted); each refused handshake is logged with the client's address and rustls' reason (transport/handshakes.py,
-at most one line per client address a minute).
+clientAuth (one without that extension is accepted); each refused handshake is logged with
+the client's address and rustls' reason (transport/handshakes.py, at most one line per client
+address a minute).
 
 Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA's
 NodeGroupDeleteNodes carries whole node objects (labels, annotations) and can list thousands

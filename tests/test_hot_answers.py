@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import grpc
+import pytest
 from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
 from fixtures.tls import PKI, StandInServicer, address, make_config
 
@@ -176,6 +177,33 @@ async def test_answers_follow_every_change_at_once(stack: StackFactory) -> None:
     except grpc.aio.AioRpcError as error:
         assert error.code() == grpc.StatusCode.NOT_FOUND
         assert "'nope'" in (error.details() or "")
+
+
+async def test_a_failed_publish_withdraws_the_answers_it_could_not_refresh(
+    stack: StackFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    s, ids = await two_groups(stack)
+    engine = s.provider.service.engine
+    settled_targets = engine.settled_targets
+    failing = [True]
+
+    def fails_while_failing() -> dict[str, int]:
+        if failing[0]:
+            raise RuntimeError("injected publishing failure")
+        return settled_targets()
+
+    monkeypatch.setattr(engine, "settled_targets", fails_while_failing)
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
+    assert "injected publishing failure" in caplog.text
+    # Not the target published before the call (2): the servicer answers.
+    assert await s.target("workers") == 3
+    node = pb.ExternalGrpcNode(providerID=ids[0])
+    reply = await s.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node))
+    assert reply.nodeGroup.id == "workers"
+    # The next publish succeeds and publishes everything again.
+    failing[0] = False
+    await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1))
+    assert await s.target("workers") == 4
 
 
 async def test_target_drops_when_the_deletion_tag_lands_while_the_delete_is_held(

@@ -178,6 +178,15 @@ impl Server {
         Ok(())
     }
 
+    /// Drops what was published for `method`: its calls go to Python until it is published
+    /// again (Python could not prepare its answers, and old ones must not be served).
+    fn withdraw(&self, method: &str) -> PyResult<()> {
+        let hot = Hot::from_method(method)
+            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        self.core.snapshot.withdraw(hot);
+        Ok(())
+    }
+
     /// From now on, OK answers Python gives to `method` are kept by request bytes and served
     /// again for the same bytes: Python declares them a pure function of the request.
     fn memoize(&self, method: &str) -> PyResult<()> {

@@ -88,6 +88,17 @@ impl Snapshot {
         self.tables[hot.slot()].store(Arc::new(table));
     }
 
+    /// Nothing prepared for `hot` any more: every call of it goes to Python.
+    pub fn withdraw(&self, hot: Hot) {
+        match hot {
+            Hot::ForNode => self.index.store(Arc::new(None)),
+            _ => self.tables[hot.slot()].store(Arc::new(Table::new())),
+        }
+        if let Ok(mut memo) = self.memo[hot.slot()].write() {
+            memo.clear();
+        }
+    }
+
     pub fn set_memoized(&self, hot: Hot) {
         self.memoized[hot.slot()].store(true, Relaxed);
     }

@@ -5,7 +5,8 @@ NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions.
 hands them to the transport, which swaps them in atomically. It runs after every forwarded
 call, before that call's answer leaves (CA's next call must see what this one changed), and
 when a background creation or deletion finished. Only what changed is published again: the
-node index after a rebuild or an added entry, the target sizes when one moved.
+node index after a rebuild or an added entry, the target sizes when one moved. A publish that
+fails withdraws both, so the servicer answers until one succeeds.
 
 What is published is exactly what the servicer would answer; anything else (an unknown group,
 the target of a group with failed-creation placeholders, whose expiry moves it with time
@@ -33,6 +34,8 @@ class AnswerSink(Protocol):
 
     def publish_answers(self, method: str, answers: Mapping[str, Published]) -> None: ...
 
+    def withdraw(self, method: str) -> None: ...
+
     def memoize(self, method: str) -> None: ...
 
 
@@ -53,6 +56,17 @@ class HotAnswers:
         sink.memoize("NodeGroupGetOptions")
 
     def publish(self) -> None:
+        try:
+            self._publish()
+        except Exception:
+            # Answers that could not be refreshed must not be served stale: their calls go to
+            # the servicer until a publish succeeds, which then publishes them all again.
+            for method in ("NodeGroupForNode", "NodeGroupTargetSize"):
+                self._sink.withdraw(method)
+            self._index, self._index_size, self._targets = None, -1, None
+            raise
+
+    def _publish(self) -> None:
         index = self._engine.provider_index()
         if index is not self._index or len(index) != self._index_size:
             self._sink.publish_node_index(_serialized(index), _NOT_MANAGED)

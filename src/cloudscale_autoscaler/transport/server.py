@@ -179,6 +179,9 @@ class RunningServer:
     def publish_answers(self, method: str, answers: Mapping[str, bytes | tuple[int, str]]) -> None:
         self._server.publish_answers(method, answers)
 
+    def withdraw(self, method: str) -> None:
+        self._server.withdraw(method)
+
     def memoize(self, method: str) -> None:
         self._server.memoize(method)
 

@@ -5,17 +5,22 @@
 # Runs as UID/GID 10001 with nothing to write outside /tmp, so it works under
 # runAsNonRoot + readOnlyRootFilesystem (deploy/kustomize, deploy/helm).
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# Debian 12 (bookworm), pinned: the builder's Rust comes from bookworm-security's rustc-web
+# (1.88 or newer, as rust/Cargo.toml's rust-version asks), which later Debian releases do not
+# have (trixie's plain rustc 1.85 is too old). A toolchain below rust-version makes cargo stop
+# the build with a message naming the version needed.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: wheels for the project and every dependency --------------------------------
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# The compiled transport (rust/) needs a Rust toolchain: Debian's current one (rustc-web;
-# bookworm's plain rustc 1.63 is too old for tonic and rustls). Only this stage has it.
+# The compiled transport (rust/) needs a Rust toolchain: rustc-web (see PYTHON_IMAGE; plain
+# rustc is too old for tonic and rustls). Only this stage has it.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends rustc-web cargo-web gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && cargo --version
 WORKDIR /src
 # Only what the build needs (.dockerignore keeps the context to these). The generated protobuf
 # modules are committed under src/, so no protoc runs here; Cargo.lock pins every crate.

@@ -102,6 +102,42 @@ async def test_hot_rpcs_are_answered_while_the_event_loop_is_blocked(
     assert options.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == 0.4
 
 
+async def test_a_mutating_call_cut_off_at_its_deadline_is_seen_by_the_next_hot_read(
+    stack: StackFactory, pki: PKI
+) -> None:
+    # The transport answers DEADLINE_EXCEEDED on time even when the event loop is late; the
+    # IncreaseSize it gave up on has already raised the target, but Python publishes only
+    # when that call ends. CA's next TargetSize must not get the target from before.
+    s = await stack(groups=[group("workers", 0, 5)], increase_size_wait_seconds=30.0)
+    await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 30000}}})
+    engine = s.provider.service.engine
+    channel, stub = sync_stub(pki, s.address)
+    outcomes: list[Any] = []
+
+    def client() -> None:
+        request = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1)
+        try:
+            stub.NodeGroupIncreaseSize(request, timeout=1.0)
+        except grpc.RpcError as error:
+            outcomes.append(error.code())  # type: ignore[attr-defined]
+        target = pb.NodeGroupTargetSizeRequest(id="workers")
+        outcomes.append(stub.NodeGroupTargetSize(target, timeout=TIMEOUT).targetSize)
+
+    with channel:
+        thread = threading.Thread(target=client)
+        thread.start()
+
+        async def raised() -> bool:
+            return engine.settled_targets().get("workers") == 1 or not thread.is_alive()
+
+        await wait_until(raised, 5.0, "IncreaseSize did not raise the target")
+        # The loop is late past the call's deadline (and past the servicer's own margin).
+        time.sleep(1.5)
+        await asyncio.to_thread(thread.join, 20)
+    assert outcomes == [grpc.StatusCode.DEADLINE_EXCEEDED, 1]
+    await s.admin.set_faults({})
+
+
 class _NoDeadline:
     def time_remaining(self) -> None:
         return None

@@ -2,7 +2,8 @@
 //! per-connection checks (allowedClients, TLS file reload). Python decides; every call here
 //! takes the GIL only for as long as it takes to hand the work over.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -31,18 +32,62 @@ pub struct Bridge {
     /// tls_refused(peer address, reason): a TLS handshake that failed (Python rate-limits
     /// the log lines); None without TLS.
     pub tls_refused: Option<PyObject>,
+    /// Forwarded calls given up on (deadline, cancelled) that Python is still running.
+    pub abandoned: Arc<AtomicUsize>,
 }
 
-/// Handed to Python with a forwarded call; Python calls exactly one of its methods.
+const RUNNING: u8 = 0;
+const FINISHED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+/// How one forwarded call ended, seen from both sides: Python finishing it (it publishes the
+/// hot answers before it replies), the caller giving up on it first.
+struct Outcome {
+    state: AtomicU8,
+    abandoned: Arc<AtomicUsize>,
+}
+
+impl Outcome {
+    fn abandon(&self) {
+        // Counted before the caller can get its answer; undone if Python had finished.
+        self.abandoned.fetch_add(1, SeqCst);
+        if self
+            .state
+            .compare_exchange(RUNNING, ABANDONED, SeqCst, SeqCst)
+            .is_err()
+        {
+            self.abandoned.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn finish(&self) {
+        if self.state.swap(FINISHED, SeqCst) == ABANDONED {
+            self.abandoned.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+/// Handed to Python with a forwarded call; Python calls exactly one of its methods, and a
+/// Reply dropped without one ends the call too.
 #[pyclass(frozen)]
-pub struct Reply(Mutex<Option<oneshot::Sender<Answer>>>);
+pub struct Reply {
+    sender: Mutex<Option<oneshot::Sender<Answer>>>,
+    outcome: Arc<Outcome>,
+}
 
 impl Reply {
     fn send(&self, answer: Answer) {
-        let sender = self.0.lock().map(|mut s| s.take()).unwrap_or(None);
+        let sender = self.sender.lock().map(|mut s| s.take()).unwrap_or(None);
         if let Some(sender) = sender {
             let _ = sender.send(answer); // the caller may be gone (deadline, cancel)
         }
+        self.outcome.finish();
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        self.outcome.finish();
     }
 }
 
@@ -64,10 +109,19 @@ impl Bridge {
         message: &[u8],
         timeout: Option<Duration>,
         id: &str,
+        may_change_state: bool,
     ) -> Answer {
         let (sender, receiver) = oneshot::channel();
+        let outcome = Arc::new(Outcome {
+            state: AtomicU8::new(RUNNING),
+            abandoned: self.abandoned.clone(),
+        });
         let handed = Python::with_gil(|py| -> PyResult<()> {
-            let reply = Py::new(py, Reply(Mutex::new(Some(sender))))?;
+            let reply = Reply {
+                sender: Mutex::new(Some(sender)),
+                outcome: outcome.clone(),
+            };
+            let reply = Py::new(py, reply)?;
             let args = (
                 self.dispatch.clone_ref(py),
                 method,
@@ -83,12 +137,22 @@ impl Bridge {
         if handed.is_err() {
             return status(UNAVAILABLE, "the server is shutting down");
         }
-        let mut pending = Pending { bridge: self, id };
+        let mut pending = Pending {
+            bridge: self,
+            id,
+            outcome: may_change_state.then_some(outcome),
+        };
         let answer = receiver
             .await
             .unwrap_or_else(|_| status(INTERNAL, "the call was dropped without an answer"));
         pending.id = "";
         answer
+    }
+
+    /// No forwarded call is left running in Python after its caller gave up on it. While one
+    /// is, the hot answers may predate what it changed (Python publishes only when it ends).
+    pub fn settled(&self) -> bool {
+        self.abandoned.load(SeqCst) == 0
     }
 
     pub fn log_rpc(&self, id: &str, method: usize, code: u8, took: Duration) {
@@ -134,16 +198,21 @@ impl Bridge {
 }
 
 /// A forwarded call whose caller may give up: dropped before Python answered, it tells Python
-/// to cancel the call's task, as a gRPC server cancels the handler of a call that is gone.
+/// to cancel the call's task, as a gRPC server cancels the handler of a call that is gone. One
+/// that may change state counts as abandoned until Python has ended it.
 struct Pending<'a> {
     bridge: &'a Bridge,
     id: &'a str,
+    outcome: Option<Arc<Outcome>>,
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if self.id.is_empty() {
             return;
+        }
+        if let Some(outcome) = &self.outcome {
+            outcome.abandon();
         }
         Python::with_gil(|py| {
             let args = (self.bridge.cancel.clone_ref(py), self.id);

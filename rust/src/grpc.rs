@@ -159,14 +159,21 @@ impl Core {
             Ok(message) => message,
             Err(refusal) => return refusal,
         };
-        if let Some(hot) = self.hot[method].filter(|_| self.gate.open()) {
+        // Not while Python still runs a call that may change state and whose caller gave up on
+        // it (Python publishes when the call ends): CA's next call must see that change.
+        let prepared = |_: &Hot| self.gate.open() && self.bridge.settled();
+        if let Some(hot) = self.hot[method].filter(prepared) {
             if let Some(answer) = self.snapshot.answer(hot, &message) {
                 return answer;
             }
         }
         // Python is told the time left, not the caller's whole timeout.
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let forwarded = self.bridge.forward(method, &message, remaining, id);
+        // The hot RPCs only read; any other call may change what their answers say.
+        let may_change_state = self.hot[method].is_none();
+        let forwarded = self
+            .bridge
+            .forward(method, &message, remaining, id, may_change_state);
         let answer = match before(deadline, async { Ok(forwarded.await) }).await {
             Ok(answer) | Err(answer) => answer,
         };

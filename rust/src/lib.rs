@@ -81,6 +81,7 @@ impl Server {
             admit: optional("admit")?,
             tls_check: optional("tls_check")?,
             tls_refused: optional("tls_refused")?,
+            abandoned: Default::default(),
         };
         let tls = tls
             .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))

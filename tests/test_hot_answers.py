@@ -132,7 +132,7 @@ async def test_a_mutating_call_cut_off_at_its_deadline_is_seen_by_the_next_hot_r
 
         await wait_until(raised, 5.0, "IncreaseSize did not raise the target")
         # The loop is late past the call's deadline (and past the servicer's own margin).
-        time.sleep(1.5)
+        time.sleep(1.5)  # noqa: ASYNC251 (blocking the event loop is the point)
         await asyncio.to_thread(thread.join, 20)
     assert outcomes == [grpc.StatusCode.DEADLINE_EXCEEDED, 1]
     await s.admin.set_faults({})

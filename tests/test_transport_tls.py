@@ -30,6 +30,7 @@ from cloudscale_autoscaler.certs import Validity
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.clients import AllowedClients
+from cloudscale_autoscaler.transport.server import RunningServer
 from cloudscale_autoscaler.transport.tls import ReloadingCredentials, TLSFileError, load_material
 
 TIMEOUT = 10.0
@@ -223,6 +224,28 @@ async def test_rotated_server_certificate_is_served_without_restart(pki: PKI) ->
         async with grpc_channel(pki, address(running)) as channel:
             assert len((await node_groups(channel)).nodeGroups) == 2
         assert running.cert_not_after() == rotated.issued.cert.not_valid_after_utc.timestamp()
+
+
+@pytest.mark.parametrize(("interval", "checks"), [(3600.0, 0), (0.0, 4)])
+async def test_new_connections_call_into_python_for_the_tls_files_once_per_interval(
+    pki: PKI, monkeypatch: pytest.MonkeyPatch, interval: float, checks: int
+) -> None:
+    # Each accepted connection used to take the GIL to ask Python whether the files changed,
+    # even when Python's own interval (which starts when the files were loaded) made the
+    # answer "not checked".
+    calls: list[None] = []
+    check = RunningServer._check_tls_files
+
+    def counted(self: RunningServer) -> None:
+        calls.append(None)
+        check(self)
+
+    monkeypatch.setattr(RunningServer, "_check_tls_files", counted)
+    async with serving(make_config(pki), reload_interval=interval) as running:
+        for _ in range(4):  # a new connection each
+            async with grpc_channel(pki, address(running)) as channel:
+                assert len((await node_groups(channel)).nodeGroups) == 2
+    assert len(calls) == checks
 
 
 async def test_half_rotated_files_keep_the_previous_certificate(pki: PKI) -> None:

@@ -2,9 +2,9 @@
 //! per-connection checks (allowedClients, TLS file reload). Python decides; every call here
 //! takes the GIL only for as long as it takes to hand the work over.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -29,11 +29,44 @@ pub struct Bridge {
     pub admit: Option<PyObject>,
     /// tls_check(): reloads changed TLS files (and calls set_tls); None without TLS.
     pub tls_check: Option<PyObject>,
+    /// How often tls_check is worth calling (Python's reload interval).
+    pub tls_pace: Pace,
     /// tls_refused(peer address, reason): a TLS handshake that failed (Python rate-limits
     /// the log lines); None without TLS.
     pub tls_refused: Option<PyObject>,
     /// Forwarded calls given up on (deadline, cancelled) that Python is still running.
     pub abandoned: Arc<AtomicUsize>,
+}
+
+/// At most one "due" per interval, the first one interval after the start (Python has just
+/// loaded the files then): a connection accepted in between takes no GIL for the check.
+pub struct Pace {
+    base: Instant,
+    every: Duration,
+    /// Nanoseconds after `base` from when the next call is due.
+    next: AtomicU64,
+}
+
+impl Pace {
+    pub fn new(every: Duration) -> Pace {
+        let next = u64::try_from(every.as_nanos()).unwrap_or(u64::MAX);
+        Pace {
+            base: Instant::now(),
+            every,
+            next: AtomicU64::new(next),
+        }
+    }
+
+    fn due(&self) -> bool {
+        let now = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let next = self.next.load(SeqCst);
+        let after = now.saturating_add(u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX));
+        now >= next
+            && self
+                .next
+                .compare_exchange(next, after, SeqCst, SeqCst)
+                .is_ok()
+    }
 }
 
 const RUNNING: u8 = 0;
@@ -187,7 +220,7 @@ impl Bridge {
     }
 
     pub fn tls_check(&self) {
-        if let Some(check) = &self.tls_check {
+        if let Some(check) = self.tls_check.as_ref().filter(|_| self.tls_pace.due()) {
             Python::with_gil(|py| {
                 if let Err(error) = check.call0(py) {
                     error.write_unraisable(py, None);
@@ -222,5 +255,21 @@ impl Drop for Pending<'_> {
                 .event_loop
                 .call_method1(py, "call_soon_threadsafe", args);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pace_is_due_once_per_interval_from_the_start() {
+        let always = Pace::new(Duration::ZERO);
+        assert!(always.due() && always.due());
+        let hourly = Pace::new(Duration::from_secs(3600));
+        assert!(!hourly.due());
+        hourly.next.store(0, SeqCst); // an hour later
+        assert!(hourly.due());
+        assert!(!hourly.due());
     }
 }

@@ -80,6 +80,10 @@ impl Server {
             log_rpc: hooks.getattr("log_rpc")?.unbind(),
             admit: optional("admit")?,
             tls_check: optional("tls_check")?,
+            tls_pace: bridge::Pace::new(
+                Duration::try_from_secs_f64(hooks.getattr("tls_check_interval")?.extract()?)
+                    .unwrap_or(Duration::ZERO),
+            ),
             tls_refused: optional("tls_refused")?,
             abandoned: Default::default(),
         };

@@ -12,12 +12,12 @@ answers off until Python has ended it: Python publishes only then, and CA's next
 what that call changed.
 
 TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
-transport checks the files through `ReloadingCredentials` before each new handshake (at most
-once per `reload_interval`) and swaps in new material for the connections accepted from then
-on. rustls refuses TLS below 1.2 and client certificates whose extended key usage excludes
-clientAuth (one without that extension is accepted); each refused handshake is logged with
-the client's address and rustls' reason (transport/handshakes.py, at most one line per client
-address a minute).
+transport checks the files through `ReloadingCredentials` before a new handshake (at most once per
+`reload_interval`, which the transport counts too, so the handshakes in between take no GIL) and
+swaps in new material for the connections accepted from then on. rustls refuses TLS below 1.2 and
+client certificates whose extended key usage excludes clientAuth (one without that extension is
+accepted); each refused handshake is logged with the client's address and rustls' reason
+(transport/handshakes.py, at most one line per client address a minute).
 
 Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA's
 NodeGroupDeleteNodes carries whole node objects (labels, annotations) and can list thousands
@@ -101,6 +101,7 @@ class _Hooks:
     log_rpc: Any
     admit: Any
     tls_check: Any
+    tls_check_interval: float  # the transport calls tls_check at most this often
     tls_refused: Any
 
 
@@ -124,6 +125,7 @@ class RunningServer:
             log_rpc=calls.log_rpc,
             admit=_admission(config),
             tls_check=None if credentials is None else self._check_tls_files,
+            tls_check_interval=0.0 if credentials is None else credentials.min_interval,
             tls_refused=None if credentials is None else RefusedHandshakes().refused,
         )
         try:

@@ -180,6 +180,10 @@ class ReloadingCredentials:
         self._checked_at = clock()
 
     @property
+    def min_interval(self) -> float:
+        return self._min_interval
+
+    @property
     def material(self) -> TLSMaterial:
         """The newest valid material (what the next handshake will present)."""
         return self._material

@@ -45,19 +45,21 @@ _MACHINE_PATH = re.compile(r"/work/|shared/reference/")
 
 
 def _scanned_files() -> list[Path]:
-    files: list[Path] = []
-    for name in _SCANNED:
-        top = ROOT / name
-        candidates = [top] if top.is_file() else top.rglob("*")
-        files += [
-            path
-            for path in candidates
-            if path.suffix in _SCANNED_SUFFIXES
-            and path.is_file()
-            and not {".venv", "__pycache__", "node_modules"} & set(path.parts)
-            and path != Path(__file__).resolve()
-        ]
-    return files
+    """The tracked files under _SCANNED: what a clone carries, not a local run's output (the
+    bench's work directory names this machine's paths, and is ignored by git)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", *_SCANNED],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return [
+        ROOT / name
+        for name in listed.split("\0")
+        if name
+        and Path(name).suffix in _SCANNED_SUFFIXES
+        and ROOT / name != Path(__file__).resolve()
+    ]
 
 
 def test_tests_and_docs_point_at_no_machine_path() -> None:

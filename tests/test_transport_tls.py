@@ -236,9 +236,9 @@ async def test_new_connections_call_into_python_for_the_tls_files_once_per_inter
     calls: list[None] = []
     check = RunningServer._check_tls_files
 
-    def counted(self: RunningServer) -> None:
+    def counted(self: RunningServer, *, force: bool = False) -> None:
         calls.append(None)
-        check(self)
+        check(self, force=force)
 
     monkeypatch.setattr(RunningServer, "_check_tls_files", counted)
     async with serving(make_config(pki), reload_interval=interval) as running:
@@ -246,6 +246,28 @@ async def test_new_connections_call_into_python_for_the_tls_files_once_per_inter
             async with grpc_channel(pki, address(running)) as channel:
                 assert len((await node_groups(channel)).nodeGroups) == 2
     assert len(calls) == checks
+
+
+async def test_the_transport_s_check_once_an_interval_is_not_undone_by_a_scrape(pki: PKI) -> None:
+    # The transport paces its checks on its own clock; Python's interval, restarted by the
+    # scrape below, used to answer its check with "not yet", and the rotated certificate then
+    # waited up to another interval for the transport's next check.
+    interval = 1.0
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes()).serial_number
+    rotated = pki.server()
+    async with serving(make_config(pki), reload_interval=interval) as running:
+        await asyncio.sleep(interval)
+        # The transport's check is due by now (an interval after the start): this one makes
+        # it, or an earlier connection did; either way the next is due an interval later.
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == first
+        await asyncio.sleep(interval)
+        running.cert_not_after()  # a metrics scrape: Python checks the files, unchanged
+        _replace(pki.server_key, rotated.key)
+        _replace(pki.server_cert, rotated.cert)
+        # More than an interval after the transport's last check: this handshake checks.
+        assert await asyncio.to_thread(_served_serial, running.port, pki) == (
+            rotated.issued.cert.serial_number
+        )
 
 
 async def test_half_rotated_files_keep_the_previous_certificate(pki: PKI) -> None:

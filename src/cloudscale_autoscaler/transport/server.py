@@ -124,7 +124,7 @@ class RunningServer:
             cancel=calls.cancel,
             log_rpc=calls.log_rpc,
             admit=_admission(config),
-            tls_check=None if credentials is None else self._check_tls_files,
+            tls_check=None if credentials is None else self._transport_tls_check,
             tls_check_interval=0.0 if credentials is None else credentials.min_interval,
             tls_refused=None if credentials is None else RefusedHandshakes().refused,
         )
@@ -153,12 +153,18 @@ class RunningServer:
         self._check_tls_files()
         return self._credentials.material.not_after
 
-    def _check_tls_files(self) -> None:
-        """Before each handshake (from the transport) and at scrape time: hand the transport
+    def _transport_tls_check(self) -> None:
+        # The transport calls at most once per reload interval by its own clock. Python's
+        # interval, counted from a later moment and restarted by every scrape, could answer
+        # "not yet" and put the next check a whole interval off: the check is forced here.
+        self._check_tls_files(force=True)
+
+    def _check_tls_files(self, *, force: bool = False) -> None:
+        """Before a handshake (from the transport) and at scrape time: hand the transport
         the newest valid material once it changed."""
         assert self._credentials is not None
         try:
-            self._credentials.refresh()
+            self._credentials.refresh(force=force)
             material = self._credentials.material
             if material is not self._served:
                 self._server.set_tls(*_pems(material))

@@ -194,7 +194,8 @@ class ReloadingCredentials:
         return self._material.not_after
 
     def refresh(self, *, force: bool = False) -> bool:
-        """Reload if the files changed (at most once per min_interval unless forced).
+        """Reload if the files changed (at most once per min_interval unless forced: the
+        transport keeps to min_interval itself).
 
         Returns True when new material was loaded. Never raises: a bad state is logged and the
         previous material stays in use.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,10 +15,26 @@ RUST_VERSION = re.search(
 )
 
 
+# What .ci/require runs besides the toolchain it checks.
+UTILITIES = ("bash", "dirname", "sed", "cut", "sort")
+
+
+def utilities(home: Path) -> Path:
+    """A directory of links to just UTILITIES: /usr/bin may hold a cargo (Debian's cargo-web,
+    installed by .ci/run) or a go, and the script must see only the fakes."""
+    tools = home / "utilities"
+    tools.mkdir(exist_ok=True)
+    for name in UTILITIES:
+        found = shutil.which(name)
+        assert found is not None, f"{name} is not on this machine's PATH"
+        (tools / name).symlink_to(found)
+    return tools
+
+
 def require(tool: str, fake_bin: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    # PATH holds only the fakes and the basic utilities (no ~/.cargo/bin, no Go on it).
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(home)}
-    return subprocess.run(
+    # PATH holds only the fakes and the utilities (no cargo, no Go, no ~/.cargo/bin on it).
+    env = {"PATH": f"{fake_bin}:{utilities(home)}", "HOME": str(home)}
+    done = subprocess.run(
         [str(ROOT / ".ci" / "require"), tool],
         capture_output=True,
         text=True,
@@ -25,6 +42,8 @@ def require(tool: str, fake_bin: Path, home: Path) -> subprocess.CompletedProces
         timeout=30,
         check=False,
     )
+    assert "command not found" not in done.stderr, done.stderr
+    return done
 
 
 def fake(fake_bin: Path, name: str, output: str) -> None:
@@ -52,8 +71,6 @@ def test_rust_older_than_the_crate_s_rust_version_is_refused_naming_it(
 
 def test_missing_cargo_is_refused_naming_what_is_needed(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
-    if Path("/usr/bin/cargo").exists():
-        pytest.fail("/usr/bin/cargo exists: this test needs a PATH without cargo")
     done = require("rust", tmp_path / "bin", tmp_path)
     assert done.returncode == 1
     assert "cargo is missing: rust/ needs Rust 1.88 or newer" in done.stderr

@@ -42,6 +42,12 @@ LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3.0, 2.0, 0.5
 RPC_TIMEOUT = 10.0
 # Three Lease reads/writes through the API server on loopback.
 REQUEST_SLACK = 1.0
+# From the moment the gate closes to the test seeing /readyz answer 503: the poll interval,
+# a new HTTP client and the request, on a machine loaded by the replica, the API server and
+# etcd. The cut-connection test allows this on top of renewDeadline; it runs with a Lease of
+# CUT_LEASE_SECONDS, so a leader that served on until its Lease ran out still fails it.
+READY_SLACK = 2.0
+CUT_LEASE_SECONDS = 10.0
 GROUP = {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
          "image": "debian-12", "zone": "lpg1"}  # fmt: skip
 
@@ -74,6 +80,7 @@ def ha_config(
     emulator: RunningEmulator,
     kube: Kube,
     kubeconfig: Path | None = None,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> Path:
     return write_config(
         tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
@@ -84,7 +91,7 @@ def ha_config(
             "driftInterval": "0s",
             "leaderElection": {
                 "enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
-                "leaseDuration": f"{LEASE_SECONDS:g}s", "renewDeadline": f"{RENEW_SECONDS:g}s",
+                "leaseDuration": f"{lease_seconds:g}s", "renewDeadline": f"{RENEW_SECONDS:g}s",
                 "retryPeriod": f"{RETRY_SECONDS * 1000:g}ms",
             },
         },
@@ -103,9 +110,13 @@ async def replicas(
     started: list[ServeProcess] = []
 
     async def start(
-        name: str, *, leader: bool = False, kubeconfig: Path | None = None
+        name: str,
+        *,
+        leader: bool = False,
+        kubeconfig: Path | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> ServeProcess:
-        config = ha_config(tmp_path, name, pki, emulator, kube, kubeconfig)
+        config = ha_config(tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds)
         process = await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
         started.append(process)
         if leader:
@@ -439,7 +450,9 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
         entry["cluster"]["server"] = f"https://127.0.0.1:{cable.port}"
     kubeconfig = tmp_path / "through-cable.kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(document))
-    a = await replicas("replica-a", leader=True, kubeconfig=kubeconfig)
+    a = await replicas(
+        "replica-a", leader=True, kubeconfig=kubeconfig, lease_seconds=CUT_LEASE_SECONDS
+    )
     assert await call(a, pki, "NodeGroups", pb.NodeGroupsRequest())
 
     cable.cut()
@@ -449,9 +462,11 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
         return (await ready(a))[0] == 503
 
     # The last renewal was at most a retryPeriod before the cut; the gate closes when no
-    # renewal has succeeded for renewDeadline since.
+    # renewal has succeeded for renewDeadline since, well before the Lease runs out.
     await eventually(standing_by, 30, "the leader still serves without the API server")
-    assert time.monotonic() - cut < RENEW_SECONDS + REQUEST_SLACK
+    latest = RENEW_SECONDS + READY_SLACK
+    assert latest < CUT_LEASE_SECONDS - RETRY_SECONDS  # the Lease's end is not mistaken for it
+    assert time.monotonic() - cut < latest
     message = await refused(
         a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers")
     )

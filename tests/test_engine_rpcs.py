@@ -3,6 +3,7 @@ GetOptions, GPU RPCs, pricing, NodeGroups."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -141,6 +142,23 @@ async def test_calls_read_the_slug_at_once_without_flavors(
     error = await rpc_error(s2.stub.NodeGroupTemplateNodeInfo(odd, timeout=deadline))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "custom-large" in (error.details() or "")
+
+
+async def test_a_slow_flavor_fetch_is_picked_up_without_a_refresh(stack: StackFactory) -> None:
+    """A first flavor fetch slower than the catalog waits (a cold connection) is no failure: once
+    it has arrived in the background, the next call has the list, without another Refresh."""
+    s = await stack([group("gpus", 0, 2, flavor=GPU_FLAVOR, zone=None)])
+    # A new process, so its client has no flavors cached: the load at its start (its first
+    # Refresh) gives up on the flavor fetch, held 1.5 s, after FLAVOR_WAIT_SECONDS.
+    await s.admin.set_faults({"latency": {"list_flavors": {"fixed_ms": 1500}}})
+    s2 = await s.restart()
+    # Later requests are answered at once; the held one stays held to its end.
+    await s2.admin.set_faults({"latency": {"list_flavors": {"fixed_ms": 0}}})
+    while (await s2.cloud_in_flight()).get("list_flavors"):
+        await asyncio.sleep(0.05)
+    request = pb.GetAvailableGPUTypesRequest()
+    types = await s2.stub.GetAvailableGPUTypes(request, timeout=CA_DEADLINE_SECONDS)
+    assert list(types.gpuTypes) == ["nvidia-rtx-pro-6000-max-q"]
 
 
 async def test_get_options_both_generations(stack: StackFactory) -> None:

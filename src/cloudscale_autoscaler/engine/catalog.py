@@ -8,8 +8,9 @@ API outage still fails Refresh, on the server listing); the list, when present, 
 GPU slug's model cannot be read: see node_labels.
 
 No call waits long for the list: CA gives each call 5 s. A fetch is waited for at most
-FLAVOR_WAIT_SECONDS, and once one failed, calls answer from the slugs at once until the next
-Refresh tries again.
+FLAVOR_WAIT_SECONDS. One that failed makes calls answer from the slugs at once until the next
+Refresh tries again; one that is merely slow goes on in the background, and each later call
+waits for it again (as long at most) and takes the list once it is there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from cloudscale_autoscaler.template.slug import flavor_from_slug
 log = logging.getLogger(__name__)
 
 # How long a call waits for the flavor list. The client's fetch (shared, with its retries) goes
-# on in the background and fills its cache, where the next Refresh finds it.
+# on in the background and fills its cache, where the next call finds it.
 FLAVOR_WAIT_SECONDS = 1.0
 
 
@@ -42,8 +43,8 @@ class Catalog:
         self._config = config
         self._cloud = cloud
         self._flavors: dict[str, Flavor] | None = None
-        # Why the last fetch failed; kept until the next Refresh, so that calls meanwhile read
-        # the slugs at once instead of each waiting for the flavor list again.
+        # Why the last fetch failed (not merely slow); kept until the next Refresh, so that calls
+        # meanwhile read the slugs at once instead of each waiting for the flavor list again.
         self._failure: str | None = None
         self._templates: dict[str, pb.NodeGroupTemplateNodeInfoResponse] = {}
 
@@ -66,12 +67,13 @@ class Catalog:
 
     async def flavors(self) -> dict[str, Flavor]:
         """The flavor list; CloudUnavailable at once when a fetch failed since the last
-        Refresh."""
+        Refresh, after FLAVOR_WAIT_SECONDS when the fetch is still under way."""
         if self._flavors is None and self._failure is None:
             try:
                 await self._fetch()
             except CloudUnavailable as error:
                 log.warning("no flavor list, reading flavors from their slugs: %s", error)
+                raise
         if self._flavors is None:
             raise CloudUnavailable(f"{self._failure} (the next Refresh tries again)")
         return self._flavors
@@ -81,13 +83,15 @@ class Catalog:
             async with asyncio.timeout(FLAVOR_WAIT_SECONDS):
                 flavors = await self._cloud.list_flavors()
         except TimeoutError:
-            self._failure = f"listing flavors: no answer within {FLAVOR_WAIT_SECONDS:g} s"
+            # Not a failure: the client's fetch goes on, and the next call waits for it again.
+            raise CloudUnavailable(
+                f"listing flavors: no answer within {FLAVOR_WAIT_SECONDS:g} s "
+                "(still fetching; later calls wait for it again)"
+            ) from None
         except CloudError as error:
             self._failure = f"listing flavors failed: {error}"
-        else:
-            self._flavors = {flavor.slug: flavor for flavor in flavors}
-            return
-        raise CloudUnavailable(self._failure)
+            raise CloudUnavailable(f"{self._failure} (the next Refresh tries again)") from error
+        self._flavors = {flavor.slug: flavor for flavor in flavors}
 
     async def template(self, group: NodeGroupConfig) -> pb.NodeGroupTemplateNodeInfoResponse:
         cached = self._templates.get(group.name)

@@ -192,10 +192,16 @@ def test_unraisable_exceptions_are_logged_in_the_chosen_format(tmp_path: Path) -
     assert "RuntimeError: raised where no caller can see it" in record["exception"]
 
 
-def run_json(*args: str, token: str = "x" * 20) -> subprocess.CompletedProcess[str]:
-    argv = cli("--log-format", "json", "--log-level", "debug", *args)
+def run_cli(
+    log_format: str, log_level: str, *args: str, token: str = "x" * 20
+) -> subprocess.CompletedProcess[str]:
+    argv = cli("--log-format", log_format, "--log-level", log_level, *args)
     env = {**clean_env(), "CLOUDSCALE_API_TOKEN": token}
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def run_json(*args: str, token: str = "x" * 20) -> subprocess.CompletedProcess[str]:
+    return run_cli("json", "debug", *args, token=token)
 
 
 @pytest.mark.parametrize("case", ["invalid", "missing"])
@@ -242,6 +248,29 @@ def test_check_config_and_template_write_only_json_to_stderr(tmp_path: Path) -> 
     assert shown.returncode == 0, shown.stderr
     records = json_lines(shown.stderr)
     assert any("sizes read from the flavor slug" in r["message"] for r in records)
+
+
+@pytest.mark.parametrize("log_format", ["plain", "json"])
+def test_a_commands_own_output_shows_whatever_the_log_level(
+    tmp_path: Path, log_format: str
+) -> None:
+    """check-config's warning at --log-level error and template's notes (info) at warning: the
+    operator's output, in both formats alike, JSON still one record per line."""
+    config = write_warned_config(tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    checked = run_cli(log_format, "error", "check-config", "--config", str(config))
+    assert checked.returncode == 0, checked.stderr
+    shown = run_cli(log_format, "warning", "template", "--config", str(config), "w")
+    assert shown.returncode == 0, shown.stderr
+    if log_format == "json":
+        (warning,) = json_lines(checked.stderr)
+        assert warning["level"] == "warning"
+        messages = [r["message"] for r in json_lines(shown.stderr)]
+    else:
+        (warning_line,) = checked.stderr.splitlines()
+        warning = {"message": warning_line.removeprefix("warning: ")}
+        messages = [shown.stderr]
+    assert "autoscalingOptions" in warning["message"]
+    assert any("# node group w: interfaces: " in m and "# price: " in m for m in messages)
 
 
 async def test_debug_logs_each_api_request_once_and_no_library_lines(

@@ -12,8 +12,9 @@ WARNING up, at any level (our cloud client logs each API request itself). What P
 "unraisable" (an exception in a callback the compiled transport made, which has no caller to
 raise to) is logged here too, as an error with its traceback, not printed past the format.
 
-A command's messages for the person at the terminal (an invalid config, a warning) go through
-`to_stderr`: the text as written in plain format, one JSON record with `--log-format json`.
+A command's messages for the person at the terminal (an invalid config, a warning, a note) go
+through `to_stderr`: the text as written in plain format, one JSON record with `--log-format
+json`; in both formats whatever `--log-level`, since they are the command's output, not its log.
 """
 
 from __future__ import annotations
@@ -181,12 +182,14 @@ def to_stderr(
 ) -> None:
     """A command's message and its list of errors. Plain: `<prefix><message> (N errors):` and
     each error indented on its own line, as a person reads it. JSON: one record, the errors as
-    the list field `errors`, so a log pipeline keeps them together."""
+    the list field `errors`, so a log pipeline keeps them together. Shown at any --log-level,
+    as plain text is: the record goes to the handlers without the logger's level check."""
     if errors:
         noun = "error" if len(errors) == 1 else "errors"
         message = f"{message} ({len(errors)} {noun})"
     if _json_output():
-        logger.log(level, message, extra={"errors": list(errors)} if errors else None)
+        extra = {"errors": list(errors)} if errors else None
+        logger.handle(logger.makeRecord(logger.name, level, "", 0, message, None, None, extra=extra))
         return
     print(plain_prefix + message + (":" if errors else ""), file=sys.stderr)
     for error in errors:

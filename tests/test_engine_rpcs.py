@@ -3,12 +3,11 @@ GetOptions, GPU RPCs, pricing, NodeGroups."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import grpc
 import pytest
-from fixtures.stack import StackFactory, group, group_tags
+from fixtures.stack import StackFactory, group, group_tags, wait_until
 from google.protobuf import duration_pb2
 
 from cloudscale_autoscaler.config import AutoscalingOptions
@@ -154,8 +153,11 @@ async def test_a_slow_flavor_fetch_is_picked_up_without_a_refresh(stack: StackFa
     s2 = await s.restart()
     # Later requests are answered at once; the held one stays held to its end.
     await s2.admin.set_faults({"latency": {"list_flavors": {"fixed_ms": 0}}})
-    while (await s2.cloud_in_flight()).get("list_flavors"):
-        await asyncio.sleep(0.05)
+
+    async def fetched() -> bool:
+        return not (await s2.cloud_in_flight()).get("list_flavors")
+
+    await wait_until(fetched, 30, "the held flavor fetch did not end")
     request = pb.GetAvailableGPUTypesRequest()
     types = await s2.stub.GetAvailableGPUTypes(request, timeout=CA_DEADLINE_SECONDS)
     assert list(types.gpuTypes) == ["nvidia-rtx-pro-6000-max-q"]

@@ -189,7 +189,7 @@ def to_stderr(
         message = f"{message} ({len(errors)} {noun})"
     if _json_output():
         extra = {"errors": list(errors)} if errors else None
-        logger.handle(logger.makeRecord(logger.name, level, "", 0, message, None, None, extra=extra))
+        logger.handle(logger.makeRecord(logger.name, level, "", 0, message, (), None, extra=extra))
         return
     print(plain_prefix + message + (":" if errors else ""), file=sys.stderr)
     for error in errors:

@@ -51,6 +51,12 @@ fn check_tls(cert: &[u8], key: &[u8], client_ca: &[u8]) -> PyResult<()> {
         .map_err(|r| PyValueError::new_err((r.file, r.reason)))
 }
 
+/// The hot RPC `method` names, or a ValueError naming it.
+fn hot_method(method: &str) -> PyResult<Hot> {
+    Hot::from_method(method)
+        .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))
+}
+
 #[pymethods]
 impl Server {
     /// Binds `listen` and starts serving on a thread of its own; the hot answers are served
@@ -167,8 +173,7 @@ impl Server {
     /// One hot RPC's answers by group id ("" for NodeGroups and GPULabel): serialized
     /// response bytes, or a (status code, message) tuple. Replaces that RPC's table.
     fn publish_answers(&self, method: &str, answers: &Bound<'_, PyDict>) -> PyResult<()> {
-        let hot = Hot::from_method(method)
-            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        let hot = hot_method(method)?;
         let mut table = Table::with_capacity(answers.len());
         for (key, value) in answers.iter() {
             let answer = if let Ok(message) = value.downcast::<PyBytes>() {
@@ -186,8 +191,7 @@ impl Server {
     /// Drops what was published for `method`: its calls go to Python until it is published
     /// again (Python could not prepare its answers, and old ones must not be served).
     fn withdraw(&self, method: &str) -> PyResult<()> {
-        let hot = Hot::from_method(method)
-            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        let hot = hot_method(method)?;
         self.core.snapshot.withdraw(hot);
         Ok(())
     }
@@ -195,8 +199,7 @@ impl Server {
     /// From now on, OK answers Python gives to `method` are kept by request bytes and served
     /// again for the same bytes: Python declares them a pure function of the request.
     fn memoize(&self, method: &str) -> PyResult<()> {
-        let hot = Hot::from_method(method)
-            .ok_or_else(|| PyValueError::new_err(format!("{method} is not answered here")))?;
+        let hot = hot_method(method)?;
         self.core.snapshot.set_memoized(hot);
         Ok(())
     }

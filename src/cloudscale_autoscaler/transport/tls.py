@@ -188,11 +188,6 @@ class ReloadingCredentials:
         """The newest valid material (what the next handshake will present)."""
         return self._material
 
-    def not_after(self) -> float:
-        """notAfter (Unix time) of the certificate new connections get; rechecks the files."""
-        self.refresh()
-        return self._material.not_after
-
     def refresh(self, *, force: bool = False) -> bool:
         """Reload if the files changed (at most once per min_interval unless forced: the
         transport keeps to min_interval itself).

@@ -51,9 +51,13 @@ class DriftReport:
         return any(group.drifts for group in self.groups)
 
     @property
+    def failed_groups(self) -> list[str]:
+        """The groups that could not be compared (their template could not be built)."""
+        return [group.group for group in self.groups if group.problem]
+
+    @property
     def failed(self) -> bool:
-        """Some group could not be compared."""
-        return any(group.problem for group in self.groups)
+        return bool(self.failed_groups)
 
 
 def node_name(node: Node) -> str:

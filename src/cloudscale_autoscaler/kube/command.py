@@ -114,7 +114,7 @@ def render(report: DriftReport) -> str:
         )
     if advice:
         out += "\nWhat to change:\n" + "\n".join(advice) + "\n"
-    failed = [group.group for group in report.groups if group.problem]
+    failed = report.failed_groups
     if failed:
         out += (
             f"\nError: node group(s) {', '.join(failed)} not compared: their template could not "

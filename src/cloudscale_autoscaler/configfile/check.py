@@ -20,9 +20,8 @@ from cloudscale_autoscaler.configfile.advice import config_warnings
 from cloudscale_autoscaler.configfile.interfaces import interfaces_text
 from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
 from cloudscale_autoscaler.configfile.network_check import (
-    fetch_networks,
     interface_errors,
-    uses_private_networks,
+    networks_to_check,
 )
 from cloudscale_autoscaler.configfile.pricing import price_text, pricing_text
 from cloudscale_autoscaler.logs import to_stderr
@@ -199,23 +198,22 @@ async def fetch_catalogue(cloud: Cloud) -> Catalogue:
     return await cloud.list_flavors(), await cloud.list_images(), await cloud.list_regions()
 
 
-async def _fetch_online(config: Config) -> Catalogue:
+async def _fetch_online(
+    config: Config,
+) -> tuple[Catalogue, tuple[list[Network], list[Subnet]]]:
+    """What the online check compares the config with, through one client."""
     from cloudscale_autoscaler.cloud.client import CloudscaleClient
 
     client = CloudscaleClient.from_config(config.cloudscale)
     client.max_retries = ONLINE_MAX_RETRIES
     async with client:
-        return await fetch_catalogue(client)
+        return await fetch_catalogue(client), await networks_to_check(config.node_groups, client)
 
 
 def _online(config: Config) -> int:
     url = config.cloudscale.url
-    networks: list[Network] = []
-    subnets: list[Subnet] = []
     try:
-        flavors, images, regions = asyncio.run(_fetch_online(config))
-        if uses_private_networks(config.node_groups):
-            networks, subnets = asyncio.run(fetch_networks(config, ONLINE_MAX_RETRIES))
+        (flavors, images, regions), (networks, subnets) = asyncio.run(_fetch_online(config))
     except AuthenticationError as exc:
         _print_errors(
             f"online check against {url} failed",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from cloudscale_autoscaler.cloud.models import Network, Subnet
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config, NetworkInterface, NodeGroupConfig
+from cloudscale_autoscaler.config import NetworkInterface, NodeGroupConfig
 from cloudscale_autoscaler.engine.networks import by_name, needs_lookup
 
 
@@ -81,12 +81,3 @@ async def networks_to_check(
     if not uses_private_networks(groups):
         return [], []
     return await cloud.list_networks(), await cloud.list_subnets()
-
-
-async def fetch_networks(config: Config, max_retries: int) -> tuple[list[Network], list[Subnet]]:
-    from cloudscale_autoscaler.cloud.client import CloudscaleClient
-
-    client = CloudscaleClient.from_config(config.cloudscale)
-    client.max_retries = max_retries
-    async with client:
-        return await networks_to_check(config.node_groups, client)

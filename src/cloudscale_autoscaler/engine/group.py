@@ -98,10 +98,12 @@ class GroupState:
 
     def deletion_requested(self, uuid: str) -> bool:
         """Deleted by us, or tagged for deletion (by us, possibly before a restart)."""
-        if uuid in self.deleted:
-            return True
         server = self.servers.get(uuid)
-        return server is not None and TAG_DELETION in server.tags
+        return uuid in self.deleted or (server is not None and self._requested(uuid, server))
+
+    def _requested(self, uuid: str, server: Server) -> bool:
+        """deletion_requested for a listed server already in hand (loops over every server)."""
+        return uuid in self.deleted or TAG_DELETION in server.tags
 
     def marked_for_deletion(self) -> list[str]:
         """Listed servers tagged for deletion whose deletion nobody is carrying out."""
@@ -113,7 +115,7 @@ class GroupState:
         ]
 
     def target(self) -> int:
-        requested = sum(1 for uuid in self.servers if self.deletion_requested(uuid))
+        requested = sum(1 for uuid, server in self.servers.items() if self._requested(uuid, server))
         return (
             len(self.servers)
             - requested
@@ -215,7 +217,7 @@ class GroupState:
         fresh: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
         out = []
         for uuid, server in self.servers.items():
-            deleting = uuid in self.deleting or self.deletion_requested(uuid)
+            deleting = uuid in self.deleting or self._requested(uuid, server)
             booting = server.status == "changing" and instances.booting(server, now_unix)
             key = (server.status, server.name, deleting, booting)
             entry = cache.get(uuid)

@@ -116,10 +116,8 @@ def _or(value: T | None, default: T) -> T:
 
 def _sizes(fields: Fields) -> tuple[int, int]:
     min_size = fields.integer("minSize", required=True, minimum=0)
-    max_size = fields.integer("maxSize", required=True, minimum=0)
-    if max_size is not None and max_size > INT32_MAX:
-        fields.issues.add(fields.at("maxSize"), f"must be at most {INT32_MAX}, got {max_size}")
-    elif min_size is not None and max_size is not None and max_size < min_size:
+    max_size = fields.integer("maxSize", required=True, minimum=0, maximum=INT32_MAX)
+    if min_size is not None and max_size is not None and max_size < min_size:
         fields.issues.add(fields.at("maxSize"), f"must be >= minSize ({min_size})")
     return _or(min_size, 0), _or(max_size, 0)
 

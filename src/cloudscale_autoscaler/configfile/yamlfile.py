@@ -91,11 +91,17 @@ def _too_large() -> str:
 def read_document(path: Path) -> str:
     """A YAML file's UTF-8 text, reading no more than the limit; raises OSError,
     UnicodeDecodeError, or YamlProblem when the file is too large."""
-    with path.open("rb") as stream:
-        data = stream.read(MAX_DOCUMENT_BYTES + 1)
-    if len(data) > MAX_DOCUMENT_BYTES:
+    data = _read_at_most(path, MAX_DOCUMENT_BYTES)
+    if data is None:
         raise YamlProblem(_too_large())
     return data.decode("utf-8")
+
+
+def _read_at_most(path: Path, limit: int) -> bytes | None:
+    """The file's bytes, or None when it holds more than `limit`; reads no more than that."""
+    with path.open("rb") as stream:
+        data = stream.read(limit + 1)
+    return None if len(data) > limit else data
 
 
 def read_text(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
@@ -106,11 +112,10 @@ def read_text(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
         mode = path.stat().st_mode
         if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # opening a directory says so
             raise FileProblem(f"cannot read {path}: not a regular file")
-        with path.open("rb") as stream:
-            data = stream.read(limit + 1)
+        data = _read_at_most(path, limit)
     except OSError as exc:
         raise FileProblem(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
+    if data is None:
         raise FileProblem(f"cannot read {path}: larger than {limit // 1024} KiB")
     try:
         return data.decode("utf-8")

@@ -160,6 +160,7 @@ struct Serving {
     routes: Routes,
     http2: http2::Builder<TokioExecutor>,
     idle_timeout: Duration,
+    keepalive_timeout: Duration,
     max_connection_age: Option<Duration>,
     /// Becomes true when the server stops: every connection is sent GOAWAY.
     draining: watch::Receiver<bool>,
@@ -218,6 +219,7 @@ where
             .prepare(),
         http2,
         idle_timeout: limits.idle_timeout,
+        keepalive_timeout: limits.keepalive_timeout,
         max_connection_age: limits.max_connection_age,
         draining,
     });
@@ -302,14 +304,20 @@ async fn connection(io: Io, peer: Peer, serving: Arc<Serving>) {
             None => std::future::pending().await,
         }
     };
-    tokio::select! {
+    let idle = tokio::select! {
         _ = &mut conn => return,
-        _ = streams.idle(serving.idle_timeout) => {}
-        _ = age => {}
-        _ = draining.wait_for(|&stopping| stopping) => {}
-    }
+        _ = streams.idle(serving.idle_timeout) => true,
+        _ = age => false,
+        _ = draining.wait_for(|&stopping| stopping) => false,
+    };
     conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    if !idle {
+        let _ = conn.await; // the calls in flight finish (the drain has its own grace)
+        return;
+    }
+    // h2 closes once its GOAWAY's PING is answered: a peer that never answers it is not
+    // waited for longer than for any other PING.
+    let _ = tokio::time::timeout(serving.keepalive_timeout, conn).await;
 }
 
 /// A connection's open streams, and since when it has had none.

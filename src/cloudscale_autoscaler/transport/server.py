@@ -29,6 +29,9 @@ transport also keeps the gRPC wire rules: a request other than POST gets HTTP 40
 content-type is not application/grpc or application/grpc+proto HTTP 415 (each with grpc-status
 INTERNAL), and a compressed message without a grpc-encoding INTERNAL.
 
+Memory: what a burst of requests made the process take is given back to the system
+(transport/memory.py).
+
 Shutdown: `RunningServer.stop(grace)` marks every health entry NOT_SERVING, stops accepting
 connections and gives in-flight RPCs `grace` seconds (default 25 s, inside Kubernetes' default
 30 s termination grace period) before cutting them.
@@ -57,6 +60,7 @@ from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
 from cloudscale_autoscaler.transport.clients import AllowedClients
 from cloudscale_autoscaler.transport.handshakes import RefusedHandshakes
 from cloudscale_autoscaler.transport.limits import DEFAULT_LIMITS, Limits
+from cloudscale_autoscaler.transport.memory import trim_after_growth, tune_malloc
 from cloudscale_autoscaler.transport.tls import (
     DEFAULT_MIN_INTERVAL,
     ReloadingCredentials,
@@ -152,6 +156,7 @@ class RunningServer:
             raise ListenError(f"listen {address!r}: {exc}") from None
         self.port: int = self._server.port
         self._stopped: asyncio.Future[None] | None = None
+        self._trimming = asyncio.get_running_loop().create_task(trim_after_growth())
         self._server.set_debug(logging.getLogger(Calls.__module__).isEnabledFor(logging.DEBUG))
 
     def cert_not_after(self) -> float | None:
@@ -225,6 +230,7 @@ class RunningServer:
             def on_stopped() -> None:  # on the transport's thread
                 loop.call_soon_threadsafe(done)
 
+            self._trimming.cancel()
             self._server.stop(grace or 0.0, on_stopped)
             await stopped
             # The transport's thread is returning from on_stopped (a moment): once it has,
@@ -272,6 +278,7 @@ async def start_server(
     """
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
+    tune_malloc()  # before the transport's thread allocates
     running = RunningServer(
         config, Calls(servicer), address, credentials, max_connection_age, gated, limits
     )

@@ -232,7 +232,7 @@ async def until_closed(reader: asyncio.StreamReader) -> None:
 class Opened:
     writer: asyncio.StreamWriter
     streams: int
-    closed_by_server: bool
+    draining: asyncio.Task[None]  # done once the server closed the connection
 
 
 async def bodiless_streams(address: str, pki: PKI, count: int) -> Opened:
@@ -261,7 +261,7 @@ async def bodiless_streams(address: str, pki: PKI, count: int) -> Opened:
             sent += len(streams)
             if draining.done():
                 break
-    return Opened(writer, sent, draining.done())
+    return Opened(writer, sent, draining)
 
 
 async def test_bodiless_streams_stay_under_the_memory_limit(
@@ -275,10 +275,11 @@ async def test_bodiless_streams_stay_under_the_memory_limit(
         await asyncio.sleep(2)  # held a moment, as by a client that means it
         for opened in connections:
             opened.writer.close()
+            opened.draining.cancel()
 
     async with serve_process(tmp_path, pki, emulator) as serve:
         outcome = await under_flood(serve, pki, flood())
-    sent = [(c.streams, c.closed_by_server) for c in connections]
+    sent = [(c.streams, c.draining.done()) for c in connections]
     print(f"5 connections x 20,000 bodiless streams: {outcome}; (streams sent, closed) {sent}")
     assert_bounded(outcome)
 

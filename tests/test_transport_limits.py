@@ -268,18 +268,20 @@ async def test_bodiless_streams_stay_under_the_memory_limit(
     tmp_path: Path, pki: PKI, emulator: RunningEmulator
 ) -> None:
     connections: list[Opened] = []
+    closed_by_server: list[bool] = []
 
     async def flood() -> None:
         opening = [bodiless_streams(serve.address, pki, 20_000) for _ in range(5)]
         connections.extend(await asyncio.gather(*opening))
         await asyncio.sleep(2)  # held a moment, as by a client that means it
+        closed_by_server.extend(c.draining.done() for c in connections)
         for opened in connections:
             opened.writer.close()
             opened.draining.cancel()
 
     async with serve_process(tmp_path, pki, emulator) as serve:
         outcome = await under_flood(serve, pki, flood())
-    sent = [(c.streams, c.draining.done()) for c in connections]
+    sent = [(c.streams, closed) for c, closed in zip(connections, closed_by_server, strict=True)]
     print(f"5 connections x 20,000 bodiless streams: {outcome}; (streams sent, closed) {sent}")
     assert_bounded(outcome)
 

@@ -203,7 +203,8 @@ async def test_concurrent_16_mib_delete_nodes_stay_under_the_memory_limit(
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream)
+    head = struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream)
+    return head + payload
 
 
 async def h2_open(
@@ -268,20 +269,19 @@ async def test_bodiless_streams_stay_under_the_memory_limit(
     tmp_path: Path, pki: PKI, emulator: RunningEmulator
 ) -> None:
     connections: list[Opened] = []
-    closed_by_server: list[bool] = []
+    sent: list[tuple[int, bool]] = []  # per connection: streams sent, closed by the server
 
     async def flood() -> None:
         opening = [bodiless_streams(serve.address, pki, 20_000) for _ in range(5)]
         connections.extend(await asyncio.gather(*opening))
         await asyncio.sleep(2)  # held a moment, as by a client that means it
-        closed_by_server.extend(c.draining.done() for c in connections)
+        sent.extend((c.streams, c.draining.done()) for c in connections)
         for opened in connections:
             opened.writer.close()
             opened.draining.cancel()
 
     async with serve_process(tmp_path, pki, emulator) as serve:
         outcome = await under_flood(serve, pki, flood())
-    sent = [(c.streams, closed) for c, closed in zip(connections, closed_by_server, strict=True)]
     print(f"5 connections x 20,000 bodiless streams: {outcome}; (streams sent, closed) {sent}")
     assert_bounded(outcome)
 

@@ -248,7 +248,8 @@ impl Core {
         let permit = self.budget.try_acquire_many(length).map_err(|_| {
             let taken = self.budget_bytes as usize - self.budget.available_permits();
             let message = format!(
-                "request message of {length} bytes refused: requests being received or                  handled hold {taken} of the server's {} bytes; retry later",
+                "request message of {length} bytes refused: requests being received or \
+                 handled hold {taken} of the server's {} bytes; retry later",
                 self.budget_bytes
             );
             status(RESOURCE_EXHAUSTED, &message)

@@ -55,6 +55,8 @@ class Provider:
     serving: Serving = field(default_factory=Serving)
     # The Kubernetes side (drift checks, leader election), with the `kubernetes:` section.
     link: ClusterLink | None = None
+    # Whether the cloud API answered the start-up check (a standby's readiness).
+    cloud_answered: bool = False
     # Awaited in reverse order after the server stopped (HTTP clients, background tasks).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -81,7 +83,7 @@ async def build_provider(config: Config) -> Provider:
     for warning in config_warnings(config):
         log.warning("config: %s", warning)
     # In the background: a slow API must not delay serving. Same check as check-config --online.
-    check = asyncio.create_task(_check_catalogue(config, client))
+    check = asyncio.create_task(_check_catalogue(config, client, provider))
     provider.closers.append(lambda: _cancel(check))
     link = None
     if config.kubernetes is not None:
@@ -102,13 +104,29 @@ async def build_provider(config: Config) -> Provider:
     return provider
 
 
-async def _check_catalogue(config: Config, cloud: Cloud) -> None:
-    try:
-        catalogue = await fetch_catalogue(cloud)
-        networks = await networks_to_check(config.node_groups, cloud)
-    except CloudError as error:
-        log.warning("could not check the config's names against the API: %s", error)
-        return
+# Between attempts of the start-up check while the API does not answer.
+CATALOGUE_RETRY_SECONDS = 10.0
+
+
+async def _check_catalogue(config: Config, cloud: Cloud, provider: Provider) -> None:
+    """The config's names against the API, retried until the API answers: that answer is
+    what makes a standby ready."""
+    failures = 0
+    while True:
+        try:
+            catalogue = await fetch_catalogue(cloud)
+            networks = await networks_to_check(config.node_groups, cloud)
+            break
+        except CloudError as error:
+            if not failures:  # once: the API's health has its own metrics and Refresh errors
+                log.warning(
+                    "could not check the config's names against the API (retrying every %gs): %s",
+                    CATALOGUE_RETRY_SECONDS,
+                    error,
+                )
+            failures += 1
+        await asyncio.sleep(CATALOGUE_RETRY_SECONDS)
+    provider.cloud_answered = True
     problems = catalogue_errors(config.node_groups, *catalogue)
     for problem in problems + interface_errors(config.node_groups, *networks):
         log.warning("config: %s: creating servers in this node group will fail", problem)
@@ -161,13 +179,21 @@ def _follow_deadline(serving: Serving, server: RunningServer, hot: HotAnswers) -
     follow(serving.until)
 
 
-def _not_ready(provider: Provider) -> str | None:
+def _readiness(provider: Provider) -> tuple[bool, str]:
+    """Ready once this replica could serve CA if it led: the config is loaded (it runs) and
+    the cloud API answered. With leader election a standby is ready too (rollouts, drains
+    and `helm install --wait` need both replicas Ready); the gRPC Service routes CA by the
+    leader's Pod label instead (kube/podlabel.py)."""
+    answered = provider.service.engine.loaded
+    if not _elects(provider):
+        return (True, "serving") if answered else (False, NOT_ANSWERED)
+    if not (answered or provider.cloud_answered):
+        return False, NOT_ANSWERED
     refusal = provider.serving.refusal()
-    if refusal is not None:
-        return refusal
-    if not provider.service.engine.loaded:
-        return "the cloud API has not answered yet"
-    return None
+    return True, "leader" if refusal is None else refusal
+
+
+NOT_ANSWERED = "the cloud API has not answered yet"
 
 
 @dataclass
@@ -216,7 +242,7 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     health = None
     if config.metrics.listen is not None:
-        health = HealthServer(provider.metrics, not_ready=lambda: _not_ready(provider))
+        health = HealthServer(provider.metrics, readiness=lambda: _readiness(provider))
         try:
             host, _, port = config.metrics.listen.rpartition(":")
             await health.start(host.strip("[]"), int(port))

@@ -151,12 +151,13 @@ class Metrics:
 
 
 class HealthServer:
-    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered, and
-    this replica serves: a standby is alive but not ready)."""
+    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered: it
+    could serve CA if it led). `readiness` says whether it is ready and, as the body's text,
+    what it is (e.g. "leader") or why it is not."""
 
-    def __init__(self, metrics: Metrics, not_ready: Callable[[], str | None]) -> None:
+    def __init__(self, metrics: Metrics, readiness: Callable[[], tuple[bool, str]]) -> None:
         self._metrics = metrics
-        self._not_ready = not_ready
+        self._readiness = readiness
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -184,7 +185,7 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def _serve_readyz(self, _: web.Request) -> web.Response:
-        reason = self._not_ready()
-        if reason is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"not ready: {reason}\n")
+        ready, detail = self._readiness()
+        if ready:
+            return web.Response(text=f"ready: {detail}\n")
+        return web.Response(status=503, text=f"not ready: {detail}\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from kubernetes import client as k8s
 
@@ -20,6 +21,7 @@ from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
+from cloudscale_autoscaler.kube.podlabel import LeaderLabel
 from cloudscale_autoscaler.kube.watch import DriftWatch
 from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.serving import Serving
@@ -75,6 +77,8 @@ class ClusterLink:
         self._drift_task: asyncio.Task[None] | None = None
         self._elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
+        self.label: LeaderLabel | None = None
+        self._label_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
         if namespace is not None:
@@ -88,6 +92,9 @@ class ClusterLink:
                 on_started=self._lead,
                 on_stopped=self._stand_down,
             )
+            self.label = _leader_label(self._api, namespace, election.retry_period_seconds)
+            if self.label is not None:
+                self.serving.subscribe(self.label.want)
 
     @property
     def elects(self) -> bool:
@@ -96,6 +103,8 @@ class ClusterLink:
     def start(self) -> None:
         if self._elector is not None:
             self._elector_task = asyncio.create_task(self._elector.run())
+            if self.label is not None:
+                self._label_task = asyncio.create_task(self.label.run())
         else:
             self._start_drift()
 
@@ -136,6 +145,22 @@ class ClusterLink:
             self._elector_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._elector_task
+            # The Service stops routing here before a standby takes the released Lease.
+            if self._label_task is not None and self.label is not None:
+                self._label_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._label_task
+                await self.label.remove()
             await self._elector.release()
         self._stop_drift()
         await asyncio.to_thread(self._api.close)
+
+
+def _leader_label(api: KubeApi, lease_namespace: str, retry: float) -> LeaderLabel | None:
+    """The label for this replica's own Pod (POD_NAME, POD_NAMESPACE from the downward API;
+    the namespace defaults to the Lease's); None outside a pod."""
+    pod = os.environ.get("POD_NAME")
+    if not pod:
+        log.info("leader label: no POD_NAME (not in a pod): no Pod to label as the leader")
+        return None
+    return LeaderLabel(api, own_namespace() or lease_namespace, pod, retry)

@@ -107,7 +107,7 @@ async def replicas(
     tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, fresh_lease: None
 ) -> AsyncIterator[Replicas]:
     """`await replicas("replica-a", leader=True)`: a `serve` process with POD_NAME set, once it
-    leads (or, by default, once it competes); all are killed when the test ends."""
+    leads (or, by default, once it competes and is Ready); all are killed when the test ends."""
     started: list[ServeProcess] = []
 
     async def start(
@@ -125,6 +125,8 @@ async def replicas(
             await eventually(lambda: _leads(process), 30, f"{name} never became the leader")
         else:
             await process.wait_for_output("competes for Lease")
+            # Ready once the cloud API answered its start-up check, leader or not.
+            await eventually(lambda: _stands_by(process), 30, f"{name} never became Ready")
         return process
 
     yield start
@@ -260,9 +262,10 @@ async def _leads(process: ServeProcess) -> bool:
 
 async def _stands_by(process: ServeProcess) -> bool:
     """Ready, but not serving (it says why)."""
+    if process.process.returncode is not None:
+        raise AssertionError(f"replica exited:\n{process.output}")
     status, text = await ready(process)
-    assert status == 200, f"a replica that could serve is Ready: {text}"
-    return text != LEADER
+    return status == 200 and text != LEADER
 
 
 async def test_leader_that_loses_the_lease_stops_serving_at_once(

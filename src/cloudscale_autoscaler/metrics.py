@@ -44,6 +44,7 @@ class GroupStats:
     servers: int
     creations_in_flight: int
     placeholders: int
+    servers_above_max_size: int
 
 
 class _GroupCollector(Collector):
@@ -60,6 +61,11 @@ class _GroupCollector(Collector):
                 ("servers", "Servers of the node group in the cloud inventory."),
                 ("creations_in_flight", "Server creations started and not yet finished."),
                 ("placeholders", "Failed-creation placeholder instances."),
+                (
+                    "servers_above_max_size",
+                    "Listed servers beyond maxSize: another provider creates servers for the "
+                    "cluster (or maxSize was lowered).",
+                ),
             )
         }
         for stats in self._source():

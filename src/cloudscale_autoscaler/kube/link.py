@@ -128,7 +128,7 @@ class ClusterLink:
 
     def _stand_down(self) -> None:
         self._stop_drift()
-        self._engine.drop_queued_creations()
+        self._engine.drop_queued_creations("leadership lost")
 
     def _start_drift(self) -> None:
         interval = self._settings.drift_interval_seconds

@@ -4,10 +4,19 @@ Bounded, so no input can crash a command with a traceback: a document of at most
 MAX_DOCUMENT_BYTES, nested at most MAX_DEPTH levels (PyYAML composes and constructs
 recursively, and ~500 levels exhaust Python's stack). The merge key `<<` works as in YAML 1.1:
 the keys written next to it win over the merged ones, and are checked for duplicates.
+
+Plain scalars mean what the YAML 1.2 core schema says, not what PyYAML's YAML 1.1 makes of
+them, which surprises: `yes`, `on` and `off` are strings (a label value `on` stays "on";
+`useIPv6: yes` is refused where a boolean is expected), `1:30` is a string, not sexagesimal 90,
+and dates are strings. Integers are decimal only: `0x10`, `0o17`, `010` and `1_000` stay
+strings, refused where a number is expected, rather than guessing between the 1.1 and 1.2
+meanings of a leading zero.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -29,10 +38,29 @@ class FileProblem(Exception):
     """A file that cannot be read; str() names the path and the OS's reason."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: PyYAML silently keeps the last one, which would
-    let a second `maxSize:` quietly win over the first."""
+# The core schema's plain scalars (yaml.org/spec/1.2.2 10.3.2) with their possible first
+# characters ("" is the empty scalar, a null). Integers are decimal without a leading zero, and
+# a float has a point or an exponent, so `010` is neither.
+_CORE_SCALARS = (
+    ("tag:yaml.org,2002:null", r"~|null|Null|NULL|", ("", "~", "n", "N")),
+    ("tag:yaml.org,2002:bool", r"true|True|TRUE|false|False|FALSE", tuple("tTfF")),
+    ("tag:yaml.org,2002:int", r"[-+]?(?:0|[1-9][0-9]*)", tuple("-+0123456789")),
+    (
+        "tag:yaml.org,2002:float",
+        r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        tuple("-+.0123456789"),
+    ),
+    (_MERGE_TAG, r"<<", ("<",)),
+)
 
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader with the core schema's scalars that refuses duplicate keys: PyYAML silently
+    keeps the last one, which would let a second `maxSize:` quietly win over the first."""
+
+    # Its own table, so the YAML 1.1 resolvers SafeLoader registered are not consulted.
+    yaml_implicit_resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
     _depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
@@ -62,6 +90,22 @@ class _StrictLoader(yaml.SafeLoader):
             if isinstance(key, str | int | float | bool):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+    def construct_finite_float(self, node: yaml.ScalarNode) -> float:
+        """A float, refusing a literal beyond a double's range (`1e400`), which Python would
+        quietly read as infinity; `.inf` itself is a number, refused where settings are read."""
+        value: float = self.construct_yaml_float(node)
+        if math.isinf(value) and "inf" not in node.value.lower():
+            raise yaml.MarkedYAMLError(
+                problem=f"{node.value} is beyond the range of a number (about 1.8e308)",
+                problem_mark=node.start_mark,
+            )
+        return value
+
+
+for _tag, _pattern, _first in _CORE_SCALARS:
+    _StrictLoader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_finite_float)
 
 
 def parse_yaml(text: str) -> Any:

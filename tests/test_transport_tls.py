@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import grpc
@@ -382,6 +384,28 @@ def test_reload_ignores_a_touch_without_content_change(pki: PKI) -> None:
     creds = ReloadingCredentials(pki.server_cert, pki.server_key, pki.ca_cert, min_interval=0)
     _replace(pki.server_cert, pki.server_cert)  # new inode, same bytes
     assert creds.refresh(force=True) is False
+
+
+def test_a_fifo_rotated_in_is_refused_without_blocking(
+    pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    creds = ReloadingCredentials(pki.server_cert, pki.server_key, pki.ca_cert, min_interval=0)
+    served = creds.material
+    pki.server_cert.unlink()
+    os.mkfifo(pki.server_cert)
+    caplog.set_level(logging.WARNING, logger="cloudscale_autoscaler.transport.tls")
+    refresh = threading.Thread(target=creds.refresh, kwargs={"force": True}, daemon=True)
+    refresh.start()
+    refresh.join(10)
+    if refresh.is_alive():  # a writer's open and close end the blocked read
+        os.close(os.open(pki.server_cert, os.O_WRONLY | os.O_NONBLOCK))
+        refresh.join(10)
+        pytest.fail("reading the rotated FIFO blocked")
+    assert creds.material is served
+    assert _unusable_warnings(caplog) == [
+        "TLS files changed but are not usable; keeping the previous: "
+        f"tls.cert {pki.server_cert}: cannot read: not a regular file"
+    ]
 
 
 def _write(path: Path, data: bytes) -> Path:

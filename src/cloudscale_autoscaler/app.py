@@ -251,13 +251,31 @@ async def run(
         stop = asyncio.Event()
         _on_signals(stop)
     try:
-        running = await start_provider(config)
+        running = await _start_unless_stopped(config, stop)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_STARTUP_FAILED
+    if running is None:
+        log.error("stopped before start-up completed")
         return EXIT_STARTUP_FAILED
     await stop.wait()
     await running.stop(grace)
     return EXIT_OK
+
+
+async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running | None:
+    """The started provider, or None when `stop` came first: start-up can wait long (an exec
+    credential plugin, a slow DNS), and a signal then must not wait for it."""
+    starting = asyncio.create_task(start_provider(config))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not starting.done():
+        starting.cancel()  # start_provider closes what it had started
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        return None
 
 
 def serve_command(config_path: Path) -> int:

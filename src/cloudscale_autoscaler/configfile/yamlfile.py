@@ -15,7 +15,9 @@ meanings of a leading zero.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
 import stat
 from pathlib import Path
@@ -28,6 +30,7 @@ MAX_DOCUMENT_BYTES = 1024 * 1024
 # A config nests five levels (nodeGroups[0].kubelet.systemReserved.cpu); anchors add none.
 MAX_DEPTH = 32
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+NOT_REGULAR = "not a regular file"
 
 
 class YamlProblem(Exception):
@@ -133,30 +136,35 @@ def _too_large() -> str:
 
 
 def read_document(path: Path) -> str:
-    """A YAML file's UTF-8 text, reading no more than the limit; raises OSError,
-    UnicodeDecodeError, or YamlProblem when the file is too large."""
-    data = _read_at_most(path, MAX_DOCUMENT_BYTES)
+    """A YAML file's UTF-8 text, read like the files a config names (see `read_at_most`);
+    raises OSError, UnicodeDecodeError, or YamlProblem when the file is too large."""
+    data = read_at_most(path, MAX_DOCUMENT_BYTES)
     if data is None:
         raise YamlProblem(_too_large())
     return data.decode("utf-8")
 
 
-def _read_at_most(path: Path, limit: int) -> bytes | None:
-    """The file's bytes, or None when it holds more than `limit`; reads no more than that."""
-    with path.open("rb") as stream:
+def read_at_most(path: Path, limit: int) -> bytes | None:
+    """A regular file's bytes, or None when it holds more than `limit`; reads no more than
+    that. Anything else raises OSError (a directory: IsADirectoryError): /dev/zero never ends
+    and a FIFO blocks its reader until a writer comes. Opened without blocking and checked
+    on the open file, so nothing can swap the file between the check and the read."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as stream:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR, str(path))
         data = stream.read(limit + 1)
     return None if len(data) > limit else data
 
 
 def read_text(path: Path, limit: int = MAX_DOCUMENT_BYTES) -> str:
-    """A regular UTF-8 text file of at most `limit` bytes, reading no more than that (a token
-    file at /dev/zero must not exhaust memory, a FIFO must not block); raises FileProblem
-    naming the path, never the content."""
+    """A regular UTF-8 text file of at most `limit` bytes (see `read_at_most`); raises
+    FileProblem naming the path, never the content."""
     try:
-        mode = path.stat().st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # opening a directory says so
-            raise FileProblem(f"cannot read {path}: not a regular file")
-        data = _read_at_most(path, limit)
+        data = read_at_most(path, limit)
     except OSError as exc:
         raise FileProblem(f"cannot read {path}: {exc.strerror or exc}") from None
     if data is None:

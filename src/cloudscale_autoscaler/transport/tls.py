@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from cloudscale_autoscaler import _transport
+from cloudscale_autoscaler.configfile.yamlfile import MAX_DOCUMENT_BYTES, read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,15 @@ class TLSMaterial:
 
 
 def _read(path: Path, what: str) -> bytes:
+    """Bounded and regular files only, as the config's other files: a rotation that leaves
+    a FIFO in place must not block the handshake that checks for new files."""
     try:
-        return path.read_bytes()
+        data = read_at_most(path, MAX_DOCUMENT_BYTES)
     except OSError as exc:
         raise TLSFileError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    if data is None:
+        raise TLSFileError(f"{what} {path}: larger than {MAX_DOCUMENT_BYTES // 1024} KiB")
+    return data
 
 
 def _certificates(data: bytes, path: Path, what: str) -> list[x509.Certificate]:

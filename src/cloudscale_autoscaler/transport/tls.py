@@ -12,9 +12,10 @@ configuration stays in use until the files are consistent again.
 `load_material` is the one place the files are checked, for what the Cluster Autoscaler's Go
 TLS would refuse too (a server certificate without a DNS or IP SAN, a client CA bundle without
 a CA certificate): `serve` calls it before it listens and on every reload, `check-config`
-calls it too, so a file one refuses the other refuses with the same message. Its last check builds the transport's own TLS configuration
-(`_transport.check_tls`): rustls signs with fewer key types than cryptography reads (no P-521,
-no RSA under 2048 bits), and what it refuses must be refused here, not at the next handshake.
+calls it too, so a file one refuses the other refuses with the same message. Its last check
+builds the transport's own TLS configuration (`_transport.check_tls`): rustls signs with fewer
+key types than cryptography reads (no P-521, no RSA under 2048 bits), and what it refuses must
+be refused here, not at the next handshake.
 
 Client certificates are always required and verified against `clientCA` (a PEM bundle, also
 reloaded). rustls in the transport checks the client certificate's extended key usage (a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -66,7 +67,9 @@ def slow_kubeconfig(directory: Path, started: Path) -> Path:
     return kubeconfig
 
 
-def write_config(directory: Path, pki: PKI, started: Path) -> Path:
+def write_config(
+    directory: Path, pki: PKI, started: Path | None, api_url: str | None = None
+) -> Path:
     token = directory / "token"
     token.write_text("interrupt-test-token-0123456789\n")
     token.chmod(0o600)
@@ -81,15 +84,23 @@ def write_config(directory: Path, pki: PKI, started: Path) -> Path:
                     "key": str(pki.server_key),
                     "clientCA": str(pki.ca_cert),
                 },
-                "cloudscale": {"url": f"http://127.0.0.1:{free_port()}/v1", "tokenFile": "token"},
-                "kubernetes": {"kubeconfig": str(slow_kubeconfig(directory, started))},
+                "cloudscale": {
+                    "url": api_url or f"http://127.0.0.1:{free_port()}/v1",
+                    "tokenFile": "token",
+                    "timeoutSeconds": 60,
+                },
                 "nodeGroups": [
                     {"name": "w", "minSize": 0, "maxSize": 2, "flavor": "flex-4-2", "image": "d"}
                 ],
             }
+            | ({} if started is None else {"kubernetes": kubernetes(directory, started)})
         )
     )
     return config
+
+
+def kubernetes(directory: Path, started: Path) -> dict[str, str]:
+    return {"kubeconfig": str(slow_kubeconfig(directory, started))}
 
 
 @contextmanager
@@ -130,3 +141,29 @@ def test_ctrl_c_while_a_credential_plugin_runs_exits_without_a_traceback(
             pytest.fail(f"{command} still running {WAIT_SECONDS:.0f} s after SIGINT")
     assert "Traceback" not in stderr, stderr
     assert process.returncode in (1, 130), stderr
+
+
+def test_ctrl_c_while_the_api_keeps_the_first_listing_waiting_abandons_start_up(
+    tmp_path: Path, pki: PKI
+) -> None:
+    # An API that accepts connections and never answers: the initial inventory load waits.
+    with socket.create_server(("127.0.0.1", 0)) as api:
+        api.settimeout(WAIT_SECONDS)
+        url = f"http://127.0.0.1:{api.getsockname()[1]}/v1"
+        config = write_config(tmp_path, pki, None, api_url=url)
+        process = subprocess.Popen(
+            cli("serve", "--config", str(config)), stderr=subprocess.PIPE, text=True
+        )
+        try:
+            waiting, _ = api.accept()  # serve is now inside its start-up
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=WAIT_SECONDS)
+            waiting.close()
+        finally:
+            with suppress(ProcessLookupError):
+                process.kill()
+            process.communicate()
+    assert "Traceback" not in stderr, stderr
+    assert "stopped before start-up completed" in stderr
+    assert "gRPC server listening" not in stderr
+    assert process.returncode == 1, stderr

@@ -83,23 +83,28 @@ async def build_provider(config: Config) -> Provider:
     # In the background: a slow API must not delay serving. Same check as check-config --online.
     check = asyncio.create_task(_check_catalogue(config, client))
     provider.closers.append(lambda: _cancel(check))
+    try:
+        await _connect(provider, config, engine)
+    except BaseException:  # a failure, or a signal abandoning start-up (cancellation)
+        await provider.aclose()
+        raise
+    return provider
+
+
+async def _connect(provider: Provider, config: Config, engine: Engine) -> None:
+    """The Kubernetes side, if configured, and the first inventory load; each may wait."""
     link = None
     if config.kubernetes is not None:
         # Imported only here: without the section nothing loads the kubernetes package.
         from cloudscale_autoscaler.kube.link import ClusterLink
 
-        try:
-            link = await ClusterLink.connect(config, engine, metrics)
-        except BaseException:
-            await provider.aclose()
-            raise
+        link = await ClusterLink.connect(config, engine, provider.metrics)
         provider.link, provider.serving = link, link.serving
         provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
     if link is None or not link.elects:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
-    return provider
 
 
 async def _check_catalogue(config: Config, cloud: Cloud) -> None:

@@ -96,6 +96,28 @@ def test_a_number_beyond_a_double_is_refused_with_its_line(literal: str) -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("tagged", "reason"),
+    [
+        ("!!int 1:30", '"1:30" is not a YAML 1.2 decimal integer'),
+        ("!!int 0x10", '"0x10" is not a YAML 1.2 decimal integer'),
+        ("!!bool yes", '"yes" is not a YAML 1.2 boolean (true or false)'),
+        ("!!float 1_0.5", '"1_0.5" is not a YAML 1.2 number'),
+    ],
+)
+def test_an_explicit_tag_does_not_bring_back_the_yaml_11_forms(tagged: str, reason: str) -> None:
+    with pytest.raises(YamlProblem) as caught:
+        parse_yaml(f"k: {tagged}\n")
+    assert str(caught.value) == f"invalid YAML at line 1, column 4: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("tagged", "value"), [("!!int 12", 12), ("!!bool false", False), ("!!float 7", 7.0)]
+)
+def test_an_explicit_tag_reads_the_core_forms(tagged: str, value: Any) -> None:
+    assert parse_yaml(f"k: {tagged}\n") == {"k": value}
+
+
 def test_keys_are_read_with_the_same_schema() -> None:
     assert parse_yaml("on: 1\nyes: 2\n0x1: 3\n1: 4\n") == {"on": 1, "yes": 2, "0x1": 3, 1: 4}
 

@@ -94,9 +94,30 @@ class _StrictLoader(yaml.SafeLoader):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def _check_core(self, node: yaml.ScalarNode, kind: str, *also: str) -> None:
+        """An explicit tag (`!!int 1:30`, `!!bool yes`) gets the core schema's forms only
+        (the tag's own, or those of the tags in `also`), not the YAML 1.1 ones PyYAML's
+        constructors still read."""
+        tags = (node.tag, *also)
+        if not any(_CORE_PATTERNS[tag].match(node.value) for tag in tags):
+            raise yaml.MarkedYAMLError(
+                problem=f'"{node.value}" is not a YAML 1.2 {kind}', problem_mark=node.start_mark
+            )
+
+    def construct_core_bool(self, node: yaml.ScalarNode) -> bool:
+        self._check_core(node, "boolean (true or false)")
+        value: bool = self.construct_yaml_bool(node)
+        return value
+
+    def construct_core_int(self, node: yaml.ScalarNode) -> int:
+        self._check_core(node, "decimal integer")
+        value: int = self.construct_yaml_int(node)
+        return value
+
     def construct_finite_float(self, node: yaml.ScalarNode) -> float:
         """A float, refusing a literal beyond a double's range (`1e400`), which Python would
         quietly read as infinity; `.inf` itself is a number, refused where settings are read."""
+        self._check_core(node, "number", "tag:yaml.org,2002:int")  # `!!float 7` is 7.0
         value: float = self.construct_yaml_float(node)
         if math.isinf(value) and "inf" not in node.value.lower():
             raise yaml.MarkedYAMLError(
@@ -106,8 +127,11 @@ class _StrictLoader(yaml.SafeLoader):
         return value
 
 
+_CORE_PATTERNS = {tag: re.compile(f"^(?:{pattern})$") for tag, pattern, _ in _CORE_SCALARS}
 for _tag, _pattern, _first in _CORE_SCALARS:
-    _StrictLoader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
+    _StrictLoader.add_implicit_resolver(_tag, _CORE_PATTERNS[_tag], list(_first))
+_StrictLoader.add_constructor("tag:yaml.org,2002:bool", _StrictLoader.construct_core_bool)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_core_int)
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_finite_float)
 
 

@@ -273,10 +273,12 @@ async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running 
     credential plugin, a slow DNS), and a signal then must not wait for it."""
     starting = asyncio.create_task(start_provider(config))
     stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if not starting.done():
-        starting.cancel()  # start_provider closes what it had started
+    try:
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when run() itself is cancelled
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()  # start_provider closes what it had started
     try:
         return await starting
     except asyncio.CancelledError:

@@ -85,23 +85,28 @@ async def build_provider(config: Config) -> Provider:
     # In the background: a slow API must not delay serving. Same check as check-config --online.
     check = asyncio.create_task(_check_catalogue(config, client, provider))
     provider.closers.append(lambda: _cancel(check))
+    try:
+        await _connect(provider, config, engine)
+    except BaseException:  # a failure, or a signal abandoning start-up (cancellation)
+        await provider.aclose()
+        raise
+    return provider
+
+
+async def _connect(provider: Provider, config: Config, engine: Engine) -> None:
+    """The Kubernetes side, if configured, and the first inventory load; each may wait."""
     link = None
     if config.kubernetes is not None:
         # Imported only here: without the section nothing loads the kubernetes package.
         from cloudscale_autoscaler.kube.link import ClusterLink
 
-        try:
-            link = await ClusterLink.connect(config, engine, metrics)
-        except BaseException:
-            await provider.aclose()
-            raise
+        link = await ClusterLink.connect(config, engine, provider.metrics)
         provider.link, provider.serving = link, link.serving
         provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
     if link is None or not link.elects:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
-    return provider
 
 
 # Between attempts of the start-up check while the API does not answer.
@@ -277,13 +282,33 @@ async def run(
         stop = asyncio.Event()
         _on_signals(stop)
     try:
-        running = await start_provider(config)
+        running = await _start_unless_stopped(config, stop)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_STARTUP_FAILED
+    if running is None:
+        log.error("stopped before start-up completed")
         return EXIT_STARTUP_FAILED
     await stop.wait()
     await running.stop(grace)
     return EXIT_OK
+
+
+async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running | None:
+    """The started provider, or None when `stop` came first: start-up can wait long (an exec
+    credential plugin, a slow DNS), and a signal then must not wait for it."""
+    starting = asyncio.create_task(start_provider(config))
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when run() itself is cancelled
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()  # start_provider closes what it had started
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        return None
 
 
 def serve_command(config_path: Path) -> int:

@@ -13,6 +13,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from kubernetes import client as k8s
 
@@ -27,6 +30,9 @@ from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.serving import Serving
 
 log = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 
 
 def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
@@ -46,14 +52,40 @@ def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
     return client, namespace
 
 
+def _in_daemon_thread(function: Callable[[_A], _R], argument: _A) -> asyncio.Future[_R]:
+    """`function(argument)` in a daemon thread; its result or exception in the future."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_R] = loop.create_future()
+
+    def settle(result: _R | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # cancelled: nobody waits for it any more
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            outcome: tuple[_R | None, BaseException | None] = (function(argument), None)
+        except BaseException as error:  # handed to the awaiting task, raised there
+            outcome = (None, error)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="kube-preflight", daemon=True).start()
+    return future
+
+
 class ClusterLink:
     @classmethod
     async def connect(cls, config: Config, engine: Engine, metrics: Metrics) -> ClusterLink:
-        """Preflight in a worker thread: reading a kubeconfig may run an exec credential
-        plugin, which must not hold up the event loop."""
+        """Preflight in a thread of its own: reading a kubeconfig may run an exec credential
+        plugin, which must not hold up the event loop, nor the process's exit when start-up
+        is abandoned (asyncio.run waits for its executor's threads, not for a daemon)."""
         if config.kubernetes is None:
             raise ValueError("ClusterLink needs the kubernetes section")
-        client, namespace = await asyncio.to_thread(preflight, config.kubernetes)
+        client, namespace = await _in_daemon_thread(preflight, config.kubernetes)
         return cls(config, engine, metrics, client, namespace)
 
     def __init__(

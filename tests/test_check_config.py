@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from fixtures.emulator import TOKEN as EMULATOR_TOKEN
 from fixtures.emulator import RunningEmulator
+from fixtures.tools import cli, free_port
 
-from cloudscale_autoscaler.certs import DevPKI, mint_dev_pki
+from cloudscale_autoscaler.certs import DevPKI, mint_dev_pki, mint_leaf
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
 from cloudscale_autoscaler.config import NodeGroupConfig
@@ -145,6 +148,54 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         f"{path}: invalid config (1 error):",
         f"  {path}: cannot read: No such file or directory",
     ]
+
+
+# --- TLS files the Cluster Autoscaler would refuse, as real processes ------------------------
+
+
+def tls_refused_by_ca(tmp_path: Path, broken: str) -> tuple[Path, str]:
+    """A config whose server certificate has no SAN, or whose clientCA is a leaf; and the
+    error naming the file."""
+    path = write_config(tmp_path, listen=f"127.0.0.1:{free_port()}")
+    tls = tmp_path / "tls"
+    if broken == "server-without-san":
+        pki = _dev_pki()
+        issued = mint_leaf(pki.ca, "localhost", usages=[ExtendedKeyUsageOID.SERVER_AUTH])
+        issued.write(tls / "server.crt", tls / "server.key")
+        return path, (
+            f"tls.cert {tls}/server.crt: has no DNS or IP subject alternative name, so the "
+            'Cluster Autoscaler refuses it ("x509: certificate relies on legacy Common Name '
+            'field"): it checks the host of `address` in its cloud-config against these '
+            "names; add that host as a SAN"
+        )
+    _dev_pki().client.write(tls / "ca.crt")
+    return path, (
+        f"tls.clientCA {tls}/ca.crt: holds no CA certificate (basicConstraints CA:TRUE), so no "
+        "client certificate can be verified against it and every client would be refused; "
+        "give the CA that signs the Cluster Autoscaler's client certificate"
+    )
+
+
+@pytest.mark.parametrize("broken", ["server-without-san", "leaf-as-client-ca"])
+def test_check_config_refuses_tls_files_ca_would_refuse(tmp_path: Path, broken: str) -> None:
+    path, error = tls_refused_by_ca(tmp_path, broken)
+    done = subprocess.run(
+        cli("check-config", "--config", str(path)), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [f"{path}: invalid config (1 error):", f"  {error}"]
+
+
+@pytest.mark.parametrize("broken", ["server-without-san", "leaf-as-client-ca"])
+def test_serve_refuses_tls_files_ca_would_refuse(tmp_path: Path, broken: str) -> None:
+    path, error = tls_refused_by_ca(tmp_path, broken)
+    done = subprocess.run(
+        cli("serve", "--config", str(path)), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"ERROR cloudscale_autoscaler.app: cannot start: {error}\n" in done.stderr
+    assert "gRPC server listening" not in done.stderr
 
 
 # --- the catalogue comparison (pure) ---------------------------------------------------------

@@ -37,7 +37,9 @@ from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.certs import mint_dev_pki
 from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.config_loader import CLOUDSCALE_KEYS, TOP_KEYS, load_config
+from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, OPTION_KEYS
+from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS as KUBELET_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -476,9 +478,6 @@ def go_seconds(duration: str) -> float:
 
 def check_hardening(deployment: Doc) -> None:
     spec = deployment["spec"]
-    # One replica: never two at once. Several: a standby is never ready, so a rolling update
-    # would wait for it forever.
-    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
@@ -549,18 +548,32 @@ def _write_under(tmp_path: Path, pod_path: str, content: bytes) -> Path:
     return local
 
 
-def check_service(bundle: Bundle) -> Doc:
+LEADER_LABEL = {"autoscaler.cloudscale.ch/leader": "true"}
+
+
+def check_service(bundle: Bundle, config: Doc) -> Doc:
+    """The gRPC Service selects the provider's Pods, and with leader election only the one the
+    leader labelled; a second Service selects every replica's metrics port. Returns the
+    gRPC one."""
     deployment = bundle.provider()
-    (service,) = bundle.all("Service")
+    services = sorted(bundle.all("Service"), key=lambda s: str(s["metadata"]["name"]))
+    grpc_service, metrics_service = services
+    assert metrics_service["metadata"]["name"] == grpc_service["metadata"]["name"] + "-metrics"
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
-    container_ports = {p["name"] for p in container_of(deployment)["ports"]}
-    assert (
-        {p["targetPort"] for p in service["spec"]["ports"]}
-        == container_ports
-        == {"grpc", "metrics"}
-    )
-    return service
+    elects = bool(((config.get("kubernetes") or {}).get("leaderElection") or {}).get("enabled"))
+    selector = grpc_service["spec"]["selector"]
+    assert selector.items() <= {**pod_labels, **(LEADER_LABEL if elects else {})}.items()
+    assert (LEADER_LABEL.items() <= selector.items()) == elects
+    assert metrics_service["spec"]["selector"].items() <= pod_labels.items()
+    assert metrics_service["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+    assert {p["name"] for p in container_of(deployment)["ports"]} == {"grpc", "metrics"}
+    assert [p["targetPort"] for p in grpc_service["spec"]["ports"]] == ["grpc"]
+    assert [p["targetPort"] for p in metrics_service["spec"]["ports"]] == ["metrics"]
+    for monitor in bundle.all("ServiceMonitor"):
+        wanted = monitor["spec"]["selector"]["matchLabels"].items()
+        assert wanted <= metrics_service["metadata"]["labels"].items()
+        assert not wanted <= grpc_service["metadata"]["labels"].items()
+    return grpc_service
 
 
 def cloud_config(bundle: Bundle) -> Doc:
@@ -626,9 +639,9 @@ def rules_of(bundle: Bundle, kind: str, subject: Doc) -> list[Doc]:
 
 def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     """With the `kubernetes` section: a token, RBAC for exactly what the provider does (read
-    Nodes; create, get and update its own Lease in its namespace) and, with several replicas,
-    leader election and one replica per node, and a PDB only if asked for (opt-in: it blocks
-    draining the leader's node). Without it: none of that."""
+    Nodes; create, get and update its own Lease and label Pods in its namespace) and, with
+    several replicas, leader election, one replica per node, a rolling update one at a time,
+    and a PDB unless turned off. Without it: none of that, and Recreate."""
     deployment = bundle.provider()
     pod = deployment["spec"]["template"]["spec"]
     namespace = deployment["metadata"]["namespace"]
@@ -640,6 +653,7 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
         assert replicas == 1, "several replicas without leader election would race"
         assert not bundle.all("ClusterRole") and not bundle.all("Role")
         assert not bundle.all("PodDisruptionBudget")
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
         return
     assert rules_of(bundle, "ClusterRole", subject) == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
@@ -655,7 +669,11 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
             "resourceNames": [election["leaseName"]],
             "verbs": ["get", "update"],
         },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
     ]
+    strategy = deployment["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}  # fmt: skip
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     for pdb in bundle.all("PodDisruptionBudget"):
         assert pdb["spec"]["maxUnavailable"] == 1
@@ -684,7 +702,7 @@ def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
     check_cluster_access(bundle, config)
     loaded = load_pod_config(config, tmp_path)
     assert loaded.node_groups, "an example node group"
-    service = check_service(bundle)
+    service = check_service(bundle, config)
     host = check_cloud_config(bundle, service)
     if bundle.all("Certificate"):
         check_certificates(bundle, service, host, config)
@@ -815,7 +833,7 @@ def test_versions_match_the_project() -> None:
 def test_kustomize_base_builds_a_working_install(kustomize: list[str], tmp_path: Path) -> None:
     bundle = check_bundle(kustomize_build(kustomize, BASE), tmp_path, "kustomize base")
     assert bundle.all("ServiceMonitor") == [], "the base works without Prometheus Operator CRDs"
-    assert bundle.all("PodDisruptionBudget") == [], "opt-in: it blocks draining the leader's node"
+    assert len(bundle.all("PodDisruptionBudget")) == 1, "both replicas are Ready: on by default"
     assert bundle.all("Secret") == [], "the token Secret is created by hand, never shipped"
     namespaced = [d for d in bundle.docs if d["kind"] not in CLUSTER_SCOPED]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"kube-system"}
@@ -830,30 +848,14 @@ def test_kustomize_overlay_builds_a_working_install(kustomize: list[str], tmp_pa
     assert image.startswith("registry.example.com/") and image.endswith(":0.1.0")
     config = provider_config(bundle)
     assert config["cluster"] == "prod", "the overlay's config replaced the base's"
-    assert bundle.all("PodDisruptionBudget") == [], "opt-in: it blocks draining the leader's node"
+    assert len(bundle.all("PodDisruptionBudget")) == 1, "both replicas are Ready: on by default"
 
 
 @NEEDS_TOOL
-def test_pdb_component_matches_the_charts_opt_in_pdb(
-    kustomize: list[str], helm: str, tmp_path: Path
-) -> None:
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "namespace": "kube-system",  # as in the example: components get it from here
-                # kustomize takes only relative roots
-                "resources": [os.path.relpath(OVERLAY, overlay)],
-                "components": [os.path.relpath(KUSTOMIZE_DIR / "components" / "pdb", overlay)],
-            }
-        )
-    )
-    bundle = check_bundle(kustomize_build(kustomize, overlay), tmp_path, "kustomize with pdb")
+def test_kustomize_pdb_matches_the_charts(kustomize: list[str], helm: str, tmp_path: Path) -> None:
+    bundle = check_bundle(kustomize_build(kustomize, OVERLAY), tmp_path, "kustomize overlay")
     (kust,) = bundle.all("PodDisruptionBudget")
-    (chart,) = Bundle(helm_render(helm, *HELM_CASES["pdb"][0])).all("PodDisruptionBudget")
+    (chart,) = Bundle(helm_render(helm)).all("PodDisruptionBudget")
     assert kust["metadata"]["name"] == chart["metadata"]["name"] == PROVIDER
     assert kust["metadata"]["namespace"] == "kube-system"
     # Selectors differ as the pods' labels do (Helm adds the instance); each selects its own
@@ -866,7 +868,7 @@ def test_pdb_component_matches_the_charts_opt_in_pdb(
 HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "defaults": ([], {}),
     "servicemonitor": (["--set", "serviceMonitor.enabled=true"], {}),
-    "pdb": (["--set", "podDisruptionBudget.enabled=true"], {}),
+    "no-pdb": (["--set", "podDisruptionBudget.enabled=false"], {}),
     "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
     "single-replica": (["--set", "replicas=1,kubernetes.enabled=false"], {}),
     "other-release": (
@@ -891,7 +893,8 @@ def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path:
     args, names = HELM_CASES[case]
     bundle = check_bundle(helm_render(helm, *args, **names), tmp_path, f"helm {case}")
     assert bool(bundle.all("ServiceMonitor")) == (case == "servicemonitor")
-    assert len(bundle.all("PodDisruptionBudget")) == (case == "pdb"), "the PDB is opt-in"
+    pdb = case not in ("no-pdb", "single-replica")
+    assert len(bundle.all("PodDisruptionBudget")) == pdb, "on by default with two replicas"
     cert_manager = case != "no-cert-manager"
     assert len(bundle.all("Certificate")) == (3 if cert_manager else 0)
     assert len(bundle.all("Issuer")) == (2 if cert_manager else 0)
@@ -931,6 +934,55 @@ def test_helm_rejects_bad_values_naming_them(helm: str, args: list[str], expecte
     done = helm_template(helm, *args)
     assert done.returncode != 0
     assert expected in done.stderr, done.stderr
+
+
+GROUP = {"name": "workers", "minSize": 0, "maxSize": 5, "flavor": "flex-8-4", "image": "debian-12"}
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize(
+    ("groups", "expected"),
+    [
+        ([{**GROUP, "flavour": "flex-8-4"}],
+         "at '/config/nodeGroups/0': additional properties 'flavour' not allowed"),
+        ([{**GROUP, "autoscalingOptions": {"scaleDownUnneded": "5m"}}],
+         "additional properties 'scaleDownUnneded' not allowed"),
+        ([{**GROUP, "minSize": 12, "maxSize": 10}],
+         "config.nodeGroups[0].minSize: 12 is greater than maxSize (10)"),
+        ([GROUP, {**GROUP, "minSize": 1}],
+         'config.nodeGroups[1].name: "workers" is already the name of config.nodeGroups[0]'),
+    ],
+)  # fmt: skip
+def test_helm_refuses_node_groups_the_provider_would_refuse(
+    helm: str, tmp_path: Path, groups: list[Doc], expected: str
+) -> None:
+    """At render time, naming the value, instead of a provider crash-looping after install."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"cluster": "prod", "nodeGroups": groups}}))
+    done = helm_template(helm, "-f", str(values))
+    assert done.returncode != 0
+    assert expected in done.stderr, done.stderr
+
+
+def test_chart_schema_knows_exactly_the_keys_the_config_loader_knows() -> None:
+    """values.schema.json refuses unknown keys; it must not refuse one the provider knows."""
+    config = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]
+    assert config["additionalProperties"] is False
+    assert list(config["properties"]) == list(TOP_KEYS)
+    assert list(config["properties"]["cloudscale"]["properties"]) == list(CLOUDSCALE_KEYS)
+    group = config["properties"]["nodeGroups"]["items"]
+    assert group["additionalProperties"] is False
+    assert set(group["properties"]) == set(GROUP_KEYS)
+    assert set(group["properties"]["kubelet"]["properties"]) == set(KUBELET_KEYS)
+    assert set(group["properties"]["autoscalingOptions"]["properties"]) == set(OPTION_KEYS)
+
+
+@NEEDS_TOOL
+def test_helm_template_needs_no_kube_version(helm: str) -> None:
+    """With helm's own default Kubernetes version (a released helm's, as the docs install)."""
+    done = run([helm, "template", PROVIDER, str(CHART)])
+    assert done.returncode == 0, done.stderr
+    assert Bundle(load_docs(done.stdout)).provider()["spec"]["replicas"] == 2
 
 
 def _comparable(docs: list[Doc]) -> dict[tuple[str, str], Doc]:

@@ -1,5 +1,6 @@
-"""Two replicas, one active: real `serve` processes electing a leader over a Lease in a real
-kube-apiserver, with the service account's RBAC from deploy/.
+"""Two replicas, one active, both Ready: real `serve` processes electing a leader over a Lease
+in a real kube-apiserver, with the service account's RBAC from deploy/; the leader labels its
+own Pod for the gRPC Service.
 
 Lease timings are short (3 s lease, 2 s renew deadline, 0.5 s retry) so takeovers are quick;
 they are config values, the code paths are the production ones.
@@ -42,7 +43,7 @@ LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3.0, 2.0, 0.5
 RPC_TIMEOUT = 10.0
 # Three Lease reads/writes through the API server on loopback.
 REQUEST_SLACK = 1.0
-# From the moment the gate closes to the test seeing /readyz answer 503: the poll interval,
+# From the moment the gate closes to the test seeing /readyz say so: the poll interval,
 # a new HTTP client and the request, on a machine loaded by the replica, the API server and
 # etcd. The cut-connection test allows this on top of renewDeadline; it runs with a Lease of
 # CUT_LEASE_SECONDS, so a leader that served on until its Lease ran out still fails it.
@@ -106,7 +107,7 @@ async def replicas(
     tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, fresh_lease: None
 ) -> AsyncIterator[Replicas]:
     """`await replicas("replica-a", leader=True)`: a `serve` process with POD_NAME set, once it
-    leads (or, by default, once it competes); all are killed when the test ends."""
+    leads (or, by default, once it competes and is Ready); all are killed when the test ends."""
     started: list[ServeProcess] = []
 
     async def start(
@@ -117,12 +118,15 @@ async def replicas(
         lease_seconds: float = LEASE_SECONDS,
     ) -> ServeProcess:
         config = ha_config(tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds)
-        process = await start_serve(config, log_level="info", metrics=True, env={"POD_NAME": name})
+        env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE}  # the downward API's, in the chart
+        process = await start_serve(config, log_level="info", metrics=True, env=env)
         started.append(process)
         if leader:
-            await eventually(lambda: _is_ready(process), 30, f"{name} never became the leader")
+            await eventually(lambda: _leads(process), 30, f"{name} never became the leader")
         else:
             await process.wait_for_output("competes for Lease")
+            # Ready once the cloud API answered its start-up check, leader or not.
+            await eventually(lambda: _stands_by(process), 30, f"{name} never became Ready")
         return process
 
     yield start
@@ -178,12 +182,13 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     a = await replicas("replica-a", leader=True)
     b = await replicas("replica-b")
     status, text = await ready(b)
-    assert status == 503 and "standby" in text and "replica-a" in text, text
+    # Ready (it could serve), and says why it does not: the Service routes by the Pod label.
+    assert status == 200 and "standby" in text and "replica-a" in text, text
     message = await refused(b, pki, "NodeGroups", pb.NodeGroupsRequest())
     assert (
         message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): the leader is replica-a"
     )
-    assert (await ready(a))[0] == 200
+    assert await ready(a) == (200, LEADER)
     assert await health(b, pki) == {"": "SERVING", SERVICE_NAME: "NOT_SERVING"}
     assert await health(a, pki) == {"": "SERVING", SERVICE_NAME: "SERVING"}
 
@@ -199,7 +204,7 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     renewed = parse_time((await read_lease(kube)).spec.renew_time)
     a.process.kill()  # SIGKILL: no release, no goodbye
     await a.process.wait()
-    takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    takeover = await eventually(lambda: _leads(b), 30, "replica-b never took over")
     lease = (await read_lease(kube)).spec
     assert lease.holder_identity == "replica-b"
     assert lease.lease_transitions >= 1
@@ -246,10 +251,21 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     )
 
 
-async def _is_ready(process: ServeProcess) -> bool:
+LEADER = "ready: leader\n"
+
+
+async def _leads(process: ServeProcess) -> bool:
     if process.process.returncode is not None:
         raise AssertionError(f"replica exited:\n{process.output}")
-    return (await ready(process))[0] == 200
+    return await ready(process) == (200, LEADER)
+
+
+async def _stands_by(process: ServeProcess) -> bool:
+    """Ready, but not serving (it says why)."""
+    if process.process.returncode is not None:
+        raise AssertionError(f"replica exited:\n{process.output}")
+    status, text = await ready(process)
+    return status == 200 and text != LEADER
 
 
 async def test_leader_that_loses_the_lease_stops_serving_at_once(
@@ -284,7 +300,7 @@ async def test_leader_that_loses_the_lease_stops_serving_at_once(
         raise AssertionError("IncreaseSize succeeded after the Lease was taken")
 
     async def standing_by() -> bool:
-        return (await ready(a))[0] == 503
+        return await _stands_by(a)
 
     # The leader renews every retryPeriod; the first renewal after the theft sees the
     # intruder and stands by at once, not only when its renew deadline passes.
@@ -296,7 +312,7 @@ async def test_leader_that_loses_the_lease_stops_serving_at_once(
     )
     assert "the leader is intruder" in message
     status, text = await ready(a)
-    assert status == 503 and "intruder" in text
+    assert status == 200 and "intruder" in text
     assert "lost Lease" in a.output and "could not renew Lease" not in a.output
 
     # The two sent finish (tagged: the next leader counts them); the queued two never go out,
@@ -318,10 +334,10 @@ async def test_graceful_shutdown_hands_the_lease_over_at_once(
 ) -> None:
     a = await replicas("replica-a", leader=True)
     b = await replicas("replica-b")
-    assert (await ready(b))[0] == 503
+    assert await _stands_by(b)
     assert await a.stop(signal.SIGTERM) == 0, a.output
     assert "released Lease" in a.output
-    takeover = await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    takeover = await eventually(lambda: _leads(b), 30, "replica-b never took over")
     assert takeover < LEASE_SECONDS, "released, not expired"
     assert (await read_lease(kube)).spec.holder_identity == "replica-b"
     assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())
@@ -354,7 +370,7 @@ async def test_new_leader_serves_the_inventory_it_loaded_at_takeover(
     existing = await tagged_servers(emulator, 3)
     a.process.kill()
     await a.process.wait()
-    await eventually(lambda: _is_ready(b), 30, "replica-b never took over")
+    await eventually(lambda: _leads(b), 30, "replica-b never took over")
     # The first calls after the takeover, no Refresh before them: what the cloud holds.
     assert await target_and_nodes(b, pki) == (3, sorted(existing))
 
@@ -376,7 +392,7 @@ async def test_leader_regaining_the_lease_while_the_cloud_is_down_waits_for_a_li
     await asyncio.to_thread(hand_to, "intruder", 600)
 
     async def standing_by() -> bool:
-        return (await ready(a))[0] == 503
+        return await _stands_by(a)
 
     await eventually(standing_by, RENEW_SECONDS * 2, "replica-a still serves")
     # Meanwhile the cloud changed (as another leader would have changed it), then went down.
@@ -395,13 +411,12 @@ async def test_leader_regaining_the_lease_while_the_cloud_is_down_waits_for_a_li
 
     await eventually(load_failed, 30, "no failed inventory load was logged")
     await asyncio.sleep(4 * RETRY_SECONDS)  # renewals go on: it leads, but must not serve
-    status, text = await ready(a)
-    assert status == 503, f"serves the inventory of its earlier leadership: {text}"
+    assert await _stands_by(a), "serves the inventory of its earlier leadership"
     await refused(a, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers"))
     assert (await read_lease(kube)).spec.holder_identity == "replica-a"
 
     await emulator.admin.clear_faults()
-    await eventually(lambda: _is_ready(a), 30, "replica-a never served after the cloud came back")
+    await eventually(lambda: _leads(a), 30, "replica-a never served after the cloud came back")
     assert await target_and_nodes(a, pki) == (2, sorted(existing))
 
 
@@ -459,7 +474,7 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
     cut = time.monotonic()
 
     async def standing_by() -> bool:
-        return (await ready(a))[0] == 503
+        return await _stands_by(a)
 
     # The last renewal was at most a retryPeriod before the cut; the gate closes when no
     # renewal has succeeded for renewDeadline since, well before the Lease runs out.
@@ -475,3 +490,91 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
         message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): no leader is known yet"
     )
     assert "could not renew Lease" in a.output
+
+
+# --- the leader's Pod label, which the gRPC Service selects ---------------------------------
+
+LABEL = "autoscaler.cloudscale.ch/leader"
+PROVIDER_APP = "cloudscale-autoscaler"
+
+
+def core_api(kube: Kube) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(kube.client())
+
+
+@pytest.fixture
+async def pods(kube: Kube) -> AsyncIterator[Callable[..., Awaitable[None]]]:
+    """`await pods("replica-a", "replica-b")`: Pod objects for the replicas (nothing schedules
+    or runs them: the replicas are the `serve` processes told these names)."""
+    api = core_api(kube)
+    made: list[str] = []
+
+    def create(name: str) -> None:
+        with contextlib.suppress(k8s.ApiException):  # the apiserver alone makes no accounts
+            api.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
+        with contextlib.suppress(k8s.ApiException):
+            api.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        pod = {
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": PROVIDER_APP}},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "provider", "image": "cloudscale-autoscaler"}],
+            },
+        }
+        api.create_namespaced_pod(NAMESPACE, pod)
+        made.append(name)
+
+    async def make(*names: str) -> None:
+        for name in names:
+            await asyncio.to_thread(create, name)
+
+    yield make
+
+    def delete() -> None:
+        for name in made:
+            with contextlib.suppress(k8s.ApiException):
+                api.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+    await asyncio.to_thread(delete)
+
+
+async def labelled(kube: Kube) -> list[str]:
+    """The Pods the gRPC Service selects: those carrying the leader label."""
+
+    def names() -> list[str]:
+        found = core_api(kube).list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL}=true")
+        return sorted(pod.metadata.name for pod in found.items)
+
+    return await asyncio.to_thread(names)
+
+
+async def test_the_leader_labels_its_pod_and_the_label_follows_the_lease(
+    replicas: Replicas, pods: Callable[..., Awaitable[None]], kube: Kube
+) -> None:
+    await pods("replica-a", "replica-b")
+    # Left on replica-b's Pod by an earlier run of it (a leader killed while leading).
+    await asyncio.to_thread(core_api(kube).patch_namespaced_pod, "replica-b", NAMESPACE,
+                            {"metadata": {"labels": {LABEL: "true"}}})  # fmt: skip
+    a = await replicas("replica-a", leader=True)
+    b = await replicas("replica-b")
+
+    async def only(name: str) -> bool:
+        return await labelled(kube) == [name]
+
+    await eventually(lambda: only("replica-a"), 10, "the leader's Pod alone is not labelled")
+    # Both Ready: `helm install --wait` and rollouts finish; the label routes CA.
+    assert await ready(a) == (200, LEADER)
+    assert await _stands_by(b)
+    await asyncio.sleep(4 * RETRY_SECONDS)
+    assert await labelled(kube) == ["replica-a"], "the standby labelled itself"
+
+    a.process.kill()  # SIGKILL: its label stays on its Pod; the new leader must remove it
+    await a.process.wait()
+    await eventually(lambda: only("replica-b"), LEASE_SECONDS + 5, "the label never moved")
+    assert await _leads(b)
+    assert "removed from pod replica-a" in b.output
+
+    # Shutting down, the leader takes its label off before it releases the Lease.
+    assert await b.stop(signal.SIGTERM) == 0, b.output
+    assert await labelled(kube) == []
+    assert b.output.rindex("carries no") < b.output.index("released Lease"), b.output

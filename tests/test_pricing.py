@@ -137,8 +137,8 @@ def test_no_pricing_section_means_no_prices(tmp_path: Path) -> None:
         ("CHF", ['pricing: expected a mapping, got string "CHF"']),
         # Finite as a decimal but not as a double: both pricing RPCs would overflow.
         (
-            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": "1e400"}, "volumePerGBHour": 0},
-            ["pricing.flavorsPerHour.flex-8-4: must be at most 1000000, got 1e400"],
+            {"currency": "CHF", "flavorsPerHour": {"flex-8-4": "1.0e+400"}, "volumePerGBHour": 0},
+            ["pricing.flavorsPerHour.flex-8-4: must be at most 1000000, got 1.0e+400"],
         ),
         (
             {"currency": "CHF", "flavorsPerHour": {"flex-8-4": 1}, "volumePerGBHour": 1e300},

@@ -96,6 +96,8 @@ async def test_sigterm_with_creations_in_flight(
     finally:
         await first.kill()
     assert code == (0 if signals == 1 else -signal.SIGTERM), first.output
+    if (max_creates, signals) == (1, 1):  # one sent, three queued behind it
+        assert "shutting down: 3 creation(s) of node group workers never sent" in first.output
 
     # Let the API finish whatever reached it (an abandoned request still creates a server).
     await emulator.admin.clear_faults()

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from fixtures.tls import (
     PKI,
     CertFiles,
@@ -26,7 +30,7 @@ from fixtures.tls import (
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloudscale_autoscaler.certs import Validity
+from cloudscale_autoscaler.certs import Issued, Validity, mint_leaf
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.clients import AllowedClients
@@ -384,6 +388,28 @@ def test_reload_ignores_a_touch_without_content_change(pki: PKI) -> None:
     assert creds.refresh(force=True) is False
 
 
+def test_a_fifo_rotated_in_is_refused_without_blocking(
+    pki: PKI, caplog: pytest.LogCaptureFixture
+) -> None:
+    creds = ReloadingCredentials(pki.server_cert, pki.server_key, pki.ca_cert, min_interval=0)
+    served = creds.material
+    pki.server_cert.unlink()
+    os.mkfifo(pki.server_cert)
+    caplog.set_level(logging.WARNING, logger="cloudscale_autoscaler.transport.tls")
+    refresh = threading.Thread(target=creds.refresh, kwargs={"force": True}, daemon=True)
+    refresh.start()
+    refresh.join(10)
+    if refresh.is_alive():  # a writer's open and close end the blocked read
+        os.close(os.open(pki.server_cert, os.O_WRONLY | os.O_NONBLOCK))
+        refresh.join(10)
+        pytest.fail("reading the rotated FIFO blocked")
+    assert creds.material is served
+    assert _unusable_warnings(caplog) == [
+        "TLS files changed but are not usable; keeping the previous: "
+        f"tls.cert {pki.server_cert}: cannot read: not a regular file"
+    ]
+
+
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -426,3 +452,103 @@ def test_bad_tls_files_are_named(pki: PKI, broken: str, expect: str) -> None:
         load_material(cert, key, ca)
     assert str(bad) in str(error.value)
     assert expect in str(error.value)
+
+
+NO_SAN = (
+    "has no DNS or IP subject alternative name, so the Cluster Autoscaler refuses it "
+    '("x509: certificate relies on legacy Common Name field"): it checks the host of '
+    "`address` in its cloud-config against these names; add that host as a SAN"
+)
+NO_CA = (
+    "holds no CA certificate (basicConstraints CA:TRUE), so no client certificate can be "
+    "verified against it and every client would be refused; give the CA that signs the "
+    "Cluster Autoscaler's client certificate"
+)
+
+
+def _server_named(pki: PKI, *, dns: list[str], ips: list[str], uri: bool = False) -> CertFiles:
+    """A server certificate of this PKI's CA with exactly these names."""
+    issued = mint_leaf(
+        pki.ca, "localhost", dns=dns, ips=ips, usages=[ExtendedKeyUsageOID.SERVER_AUTH]
+    )
+    if uri:  # a SAN extension that names no host: a SPIFFE-style identity only
+        names = x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://c/s")])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(issued.cert.subject)
+            .issuer_name(pki.ca.cert.subject)
+            .public_key(issued.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued.cert.not_valid_before_utc)
+            .not_valid_after(issued.cert.not_valid_after_utc)
+            .add_extension(names, critical=False)
+        )
+        issued = Issued(builder.sign(pki.ca.key, hashes.SHA256()), issued.key)
+    files = CertFiles(pki.dir / "named.crt", pki.dir / "named.key", issued)
+    issued.write(files.cert, files.key)
+    return files
+
+
+@pytest.mark.parametrize(
+    ("dns", "ips", "uri", "refused"),
+    [
+        ([], [], False, True),
+        ([], [], True, True),
+        (["provider.kube-system.svc"], [], False, False),
+        ([], ["10.0.0.7"], False, False),
+    ],
+    ids=["no-san", "uri-only", "dns", "ip"],
+)
+def test_a_server_certificate_needs_a_dns_or_ip_name(
+    pki: PKI, dns: list[str], ips: list[str], uri: bool, refused: bool
+) -> None:
+    named = _server_named(pki, dns=dns, ips=ips, uri=uri)
+    if not refused:
+        assert load_material(named.cert, named.key, pki.ca_cert).leaf == named.issued.cert
+        return
+    with pytest.raises(TLSFileError) as error:
+        load_material(named.cert, named.key, pki.ca_cert)
+    assert str(error.value) == f"tls.cert {named.cert}: {NO_SAN}"
+
+
+@pytest.mark.parametrize(
+    ("bundle", "refused"),
+    [("leaf", True), ("two-leaves", True), ("leaf-then-ca", False), ("ca", False)],
+)
+def test_a_client_ca_bundle_needs_a_ca_certificate(pki: PKI, bundle: str, refused: bool) -> None:
+    leaf, ca = pki.client_cert.read_bytes(), pki.ca.cert_pem()
+    content = {
+        "leaf": leaf,
+        "two-leaves": leaf + pki.server_cert.read_bytes(),
+        "leaf-then-ca": leaf + ca,
+        "ca": ca,
+    }[bundle]
+    client_ca = _write(pki.dir / "bundle.crt", content)
+    if not refused:
+        assert load_material(pki.server_cert, pki.server_key, client_ca).client_ca == content
+        return
+    with pytest.raises(TLSFileError) as error:
+        load_material(pki.server_cert, pki.server_key, client_ca)
+    assert str(error.value) == f"tls.clientCA {client_ca}: {NO_CA}"
+
+
+@pytest.mark.parametrize("rotation", ["server-without-san", "leaf-as-client-ca"])
+def test_a_rotation_clients_would_refuse_keeps_the_previous_files(
+    pki: PKI, caplog: pytest.LogCaptureFixture, rotation: str
+) -> None:
+    creds = ReloadingCredentials(pki.server_cert, pki.server_key, pki.ca_cert, min_interval=0)
+    served = creds.material
+    caplog.set_level(logging.WARNING, logger="cloudscale_autoscaler.transport.tls")
+    if rotation == "server-without-san":
+        named = _server_named(pki, dns=[], ips=[])
+        _replace(pki.server_key, named.key)
+        _replace(pki.server_cert, named.cert)
+        reason = f"tls.cert {pki.server_cert}: {NO_SAN}"
+    else:
+        _replace(pki.ca_cert, pki.client_cert)
+        reason = f"tls.clientCA {pki.ca_cert}: {NO_CA}"
+    assert creds.refresh(force=True) is False
+    assert creds.material is served
+    assert _unusable_warnings(caplog) == [
+        f"TLS files changed but are not usable; keeping the previous: {reason}"
+    ]

@@ -55,6 +55,8 @@ class Provider:
     serving: Serving = field(default_factory=Serving)
     # The Kubernetes side (drift checks, leader election), with the `kubernetes:` section.
     link: ClusterLink | None = None
+    # Whether the cloud API answered the start-up check (a standby's readiness).
+    cloud_answered: bool = False
     # Awaited in reverse order after the server stopped (HTTP clients, background tasks).
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -81,34 +83,55 @@ async def build_provider(config: Config) -> Provider:
     for warning in config_warnings(config):
         log.warning("config: %s", warning)
     # In the background: a slow API must not delay serving. Same check as check-config --online.
-    check = asyncio.create_task(_check_catalogue(config, client))
+    check = asyncio.create_task(_check_catalogue(config, client, provider))
     provider.closers.append(lambda: _cancel(check))
+    try:
+        await _connect(provider, config, engine)
+    except BaseException:  # a failure, or a signal abandoning start-up (cancellation)
+        await provider.aclose()
+        raise
+    return provider
+
+
+async def _connect(provider: Provider, config: Config, engine: Engine) -> None:
+    """The Kubernetes side, if configured, and the first inventory load; each may wait."""
     link = None
     if config.kubernetes is not None:
         # Imported only here: without the section nothing loads the kubernetes package.
         from cloudscale_autoscaler.kube.link import ClusterLink
 
-        try:
-            link = await ClusterLink.connect(config, engine, metrics)
-        except BaseException:
-            await provider.aclose()
-            raise
+        link = await ClusterLink.connect(config, engine, provider.metrics)
         provider.link, provider.serving = link, link.serving
         provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
     if link is None or not link.elects:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
-    return provider
 
 
-async def _check_catalogue(config: Config, cloud: Cloud) -> None:
-    try:
-        catalogue = await fetch_catalogue(cloud)
-        networks = await networks_to_check(config.node_groups, cloud)
-    except CloudError as error:
-        log.warning("could not check the config's names against the API: %s", error)
-        return
+# Between attempts of the start-up check while the API does not answer.
+CATALOGUE_RETRY_SECONDS = 10.0
+
+
+async def _check_catalogue(config: Config, cloud: Cloud, provider: Provider) -> None:
+    """The config's names against the API, retried until the API answers: that answer is
+    what makes a standby ready."""
+    failures = 0
+    while True:
+        try:
+            catalogue = await fetch_catalogue(cloud)
+            networks = await networks_to_check(config.node_groups, cloud)
+            break
+        except CloudError as error:
+            if not failures:  # once: the API's health has its own metrics and Refresh errors
+                log.warning(
+                    "could not check the config's names against the API (retrying every %gs): %s",
+                    CATALOGUE_RETRY_SECONDS,
+                    error,
+                )
+            failures += 1
+        await asyncio.sleep(CATALOGUE_RETRY_SECONDS)
+    provider.cloud_answered = True
     problems = catalogue_errors(config.node_groups, *catalogue)
     for problem in problems + interface_errors(config.node_groups, *networks):
         log.warning("config: %s: creating servers in this node group will fail", problem)
@@ -161,13 +184,21 @@ def _follow_deadline(serving: Serving, server: RunningServer, hot: HotAnswers) -
     follow(serving.until)
 
 
-def _not_ready(provider: Provider) -> str | None:
+def _readiness(provider: Provider) -> tuple[bool, str]:
+    """Ready once this replica could serve CA if it led: the config is loaded (it runs) and
+    the cloud API answered. With leader election a standby is ready too (rollouts, drains
+    and `helm install --wait` need both replicas Ready); the gRPC Service routes CA by the
+    leader's Pod label instead (kube/podlabel.py)."""
+    answered = provider.service.engine.loaded
+    if not _elects(provider):
+        return (True, "serving") if answered else (False, NOT_ANSWERED)
+    if not (answered or provider.cloud_answered):
+        return False, NOT_ANSWERED
     refusal = provider.serving.refusal()
-    if refusal is not None:
-        return refusal
-    if not provider.service.engine.loaded:
-        return "the cloud API has not answered yet"
-    return None
+    return True, "leader" if refusal is None else refusal
+
+
+NOT_ANSWERED = "the cloud API has not answered yet"
 
 
 @dataclass
@@ -216,7 +247,7 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     health = None
     if config.metrics.listen is not None:
-        health = HealthServer(provider.metrics, not_ready=lambda: _not_ready(provider))
+        health = HealthServer(provider.metrics, readiness=lambda: _readiness(provider))
         try:
             host, _, port = config.metrics.listen.rpartition(":")
             await health.start(host.strip("[]"), int(port))
@@ -251,13 +282,33 @@ async def run(
         stop = asyncio.Event()
         _on_signals(stop)
     try:
-        running = await start_provider(config)
+        running = await _start_unless_stopped(config, stop)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
+        return EXIT_STARTUP_FAILED
+    if running is None:
+        log.error("stopped before start-up completed")
         return EXIT_STARTUP_FAILED
     await stop.wait()
     await running.stop(grace)
     return EXIT_OK
+
+
+async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running | None:
+    """The started provider, or None when `stop` came first: start-up can wait long (an exec
+    credential plugin, a slow DNS), and a signal then must not wait for it."""
+    starting = asyncio.create_task(start_provider(config))
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when run() itself is cancelled
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()  # start_provider closes what it had started
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        return None
 
 
 def serve_command(config_path: Path) -> int:

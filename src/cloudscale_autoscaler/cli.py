@@ -4,6 +4,7 @@ only parses arguments and dispatches, importing lazily so `--help` stays fast.""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,11 +98,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The shell's convention for a process ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from cloudscale_autoscaler.logs import setup_logging
 
     setup_logging(args.log_format, args.log_level)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        # Ctrl-C where no handler of a command's own runs (reading the config, resolving
+        # names, before serve listens): an ordinary way to stop, not a crash to trace.
+        logging.getLogger(__name__).error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     command: str = args.command
     if command == "version":
         print(f"cloudscale-autoscaler {__version__}")

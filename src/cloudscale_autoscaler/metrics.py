@@ -44,6 +44,7 @@ class GroupStats:
     servers: int
     creations_in_flight: int
     placeholders: int
+    servers_above_max_size: int
 
 
 class _GroupCollector(Collector):
@@ -60,6 +61,11 @@ class _GroupCollector(Collector):
                 ("servers", "Servers of the node group in the cloud inventory."),
                 ("creations_in_flight", "Server creations started and not yet finished."),
                 ("placeholders", "Failed-creation placeholder instances."),
+                (
+                    "servers_above_max_size",
+                    "Listed servers beyond maxSize: another provider creates servers for the "
+                    "cluster (or maxSize was lowered).",
+                ),
             )
         }
         for stats in self._source():
@@ -151,12 +157,13 @@ class Metrics:
 
 
 class HealthServer:
-    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered, and
-    this replica serves: a standby is alive but not ready)."""
+    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered: it
+    could serve CA if it led). `readiness` says whether it is ready and, as the body's text,
+    what it is (e.g. "leader") or why it is not."""
 
-    def __init__(self, metrics: Metrics, not_ready: Callable[[], str | None]) -> None:
+    def __init__(self, metrics: Metrics, readiness: Callable[[], tuple[bool, str]]) -> None:
         self._metrics = metrics
-        self._not_ready = not_ready
+        self._readiness = readiness
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -184,7 +191,7 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def _serve_readyz(self, _: web.Request) -> web.Response:
-        reason = self._not_ready()
-        if reason is None:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text=f"not ready: {reason}\n")
+        ready, detail = self._readiness()
+        if ready:
+            return web.Response(text=f"ready: {detail}\n")
+        return web.Response(status=503, text=f"not ready: {detail}\n")

@@ -37,6 +37,9 @@ def resolve(base_dir: Path, written: str) -> Path:
     return Path(os.path.normpath(base_dir / written))
 
 
+_YAML_SPECIAL = {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}
+
+
 def describe(value: Any) -> str:
     """How a wrong value is shown in `expected X, got <describe>`."""
     if value is None:
@@ -46,7 +49,8 @@ def describe(value: Any) -> str:
     if isinstance(value, int):
         return f"integer {value}"
     if isinstance(value, float):
-        return f"number {value}"
+        # Written as YAML writes them: `nan` would not read back as a number.
+        return f"number {value}" if math.isfinite(value) else f"number {_YAML_SPECIAL[str(value)]}"
     if isinstance(value, str):
         shown = value if len(value) <= 60 else value[:57] + "..."
         return f"string {json.dumps(shown, ensure_ascii=False)}"
@@ -160,7 +164,7 @@ class Fields:
         if value is None:
             return None
         if not is_number(value) or not math.isfinite(value):
-            self._wrong(key, "a number")
+            self._wrong(key, "a finite number" if is_number(value) else "a number")
             return None
         reason = check(float(value)) if check else None
         if not self.issues.check(self.at(key), reason):

@@ -141,7 +141,7 @@ class Engine:
         """Stop: drop creations never sent, give requests already out `grace_seconds` to
         finish (their servers carry our tags, so a restart finds them either way)."""
         self._closing = True
-        self.drop_queued_creations()
+        self.drop_queued_creations("shutting down")
         pending = [task for task in self._tasks if not task.done()]
         if pending:
             _, late = await asyncio.wait(pending, timeout=grace_seconds)
@@ -151,13 +151,21 @@ class Engine:
                 log.warning("shutdown: abandoned %d cloud request(s) still in flight", len(late))
                 await asyncio.wait(late)
 
-    def drop_queued_creations(self) -> None:
+    def drop_queued_creations(self, why: str) -> None:
         """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the
-        next leader counts only servers that exist)."""
+        next leader counts only servers that exist), saying per group how many."""
         for group in self._groups.values():
             _, queued = group.cancellable()
             for creation in queued:
                 self._cancel_creation(group, creation)
+            if queued:
+                log.warning(
+                    "%s: %d creation(s) of node group %s never sent to the API, abandoned "
+                    "(the target size then counts only servers that exist; CA asks again)",
+                    why,
+                    len(queued),
+                    group.name,
+                )
 
     async def load(self, timeout_seconds: float = 10.0) -> None:
         """Load the inventory now; raises CloudUnavailable or TimeoutError."""
@@ -186,13 +194,29 @@ class Engine:
         self.last_refresh_unix = time.time()
 
     async def _sync_inventory(self, why: str) -> None:
-        start = next(self._ticks)
+        """List the cluster's servers and apply the listing. It runs as a task of its own: a
+        caller that gives up (CA's deadline, a cancelled call) leaves it to finish, so what it
+        records about the API is the API's answer or the client's own timeout, never one
+        caller's deadline, and the next caller finds the inventory it brought."""
+        listing = asyncio.get_running_loop().create_task(self._list(why, next(self._ticks)))
+        self._tasks.add(listing)
+        listing.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(listing)
+        except asyncio.CancelledError:
+            if not listing.done():
+                listing.add_done_callback(self._listing_abandoned)
+            raise
+
+    def _listing_abandoned(self, listing: asyncio.Task[None]) -> None:
+        """Its caller was gone: retrieve its outcome (a failure is already recorded) and
+        publish what it applied."""
+        if not listing.cancelled() and listing.exception() is None:
+            self.on_change()
+
+    async def _list(self, why: str, start: int) -> None:
         try:
             servers = await self._cloud.list_servers(self.config.cluster)
-        except asyncio.CancelledError:
-            # The caller's deadline ran out while the client was still retrying.
-            self._api_down = "no answer before the caller's deadline"
-            raise
         except CloudError as error:
             problem = _api_problem(error)
             if problem == API_UNREACHABLE:
@@ -232,7 +256,31 @@ class Engine:
             bucket[server.uuid] = server
         for name, group in self._groups.items():
             group.apply_listing(buckets[name], start)
+            self._check_overshoot(group)
         self._rebuild_index()
+
+    def _check_overshoot(self, group: GroupState) -> None:
+        """Warn once per episode when a group holds more servers than its maxSize and some
+        were created elsewhere: this provider never goes above maxSize, so another writer
+        does (two providers for one cluster, e.g. replicas without leader election)."""
+        above, foreign = group.above_max(), group.foreign_servers()
+        if not above or not foreign:
+            group.overshoot_warned = False
+            return
+        if group.overshoot_warned:
+            return
+        group.overshoot_warned = True
+        log.warning(
+            "node group %s has %d server(s) above its maxSize %d, and %d of its servers were "
+            "not created by this provider since it started: another provider may be creating "
+            "servers for cluster %s (or maxSize was lowered); run one provider per cluster, "
+            "or enable kubernetes.leaderElection",
+            group.name,
+            above,
+            group.config.max_size,
+            foreign,
+            self.config.cluster,
+        )
 
     def _ignore_group(self, name: str) -> None:
         if name not in self._ignored_groups:
@@ -312,6 +360,7 @@ class Engine:
                     servers=target - pending - len(group.placeholders),
                     creations_in_flight=pending,
                     placeholders=len(group.placeholders),
+                    servers_above_max_size=group.above_max(),
                 )
             )
         return stats
@@ -420,6 +469,7 @@ class Engine:
     def _start_creation(self, group: GroupState, batch: Batch, server_spec: ServerSpec) -> None:
         request_id = server_spec.tags[TAG_REQUEST]
         creation = Creation(request_id, server_spec.name, batch)
+        group.issued.add(request_id)
         group.creations[request_id] = creation
         self._spawn(self._create(group, creation, server_spec))
 

@@ -86,6 +86,11 @@ class GroupState:
         self.deleting: dict[str, asyncio.Task[None]] = {}  # uuid -> our delete in flight
         self.deleted: dict[str, int] = {}  # uuid -> tick our delete succeeded
         self.gone = Recent()
+        # Request ids of the creations this process started (and not yet seen to end): a
+        # listed server without one was created by someone else (item: overshoot_warned).
+        self.issued: set[str] = set()
+        # Whether the "above maxSize, created elsewhere" warning was given for this episode.
+        self.overshoot_warned = False
         # uuid -> ((status, name, deleting, booting), Instance): NodeGroupNodes reuses
         # unchanged ones (building 20,000 messages per call costs tens of milliseconds).
         self._instances: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
@@ -133,6 +138,20 @@ class GroupState:
 
     # --- the cloud's view -------------------------------------------------------------------
 
+    def foreign_servers(self) -> int:
+        """Listed servers (their deletion not requested) this process did not create."""
+        return sum(
+            1
+            for uuid, server in self.servers.items()
+            if server.tags.get(TAG_REQUEST) not in self.issued and not self._requested(uuid, server)
+        )
+
+    def above_max(self) -> int:
+        """Listed servers (their deletion not requested) beyond maxSize: this provider never
+        creates them, so another writer did (or maxSize was lowered)."""
+        live = sum(1 for uuid, server in self.servers.items() if not self._requested(uuid, server))
+        return max(0, live - self.config.max_size)
+
     def apply_listing(self, servers: dict[str, Server], start_tick: int) -> None:
         """Replace the group's servers with a listing that started at `start_tick`."""
         for uuid in self.servers.keys() - servers.keys():
@@ -155,6 +174,13 @@ class GroupState:
                 )
                 del self.creations[request_id]
                 self.gone.add(creation.uuid)
+        # Keep the request ids still to be seen: creations and placeholders, listed servers.
+        listed = {server.tags.get(TAG_REQUEST) for server in servers.values()}
+        self.issued = {
+            rid
+            for rid in self.issued
+            if rid in listed or rid in self.creations or rid in self.placeholders
+        }
         # Forget our deletions once a listing begun after them no longer shows the server.
         self.deleted = {
             uuid: tick

@@ -142,6 +142,29 @@ class KubeApi:
             _request_timeout=limit,
         )
 
+    async def list_pods(self, namespace: str, label_selector: str, limit: float) -> list[Obj]:
+        page = await self._call(
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=label_selector,
+            _request_timeout=limit,
+        )
+        return list(page.get("items") or [])
+
+    async def label_pod(
+        self, namespace: str, name: str, labels: dict[str, str | None], limit: float
+    ) -> Obj:
+        """Set labels on a Pod (None removes one) with a merge patch: no read, no conflict."""
+        body = {"metadata": {"labels": labels}}
+        return await self._call(
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            body,
+            _content_type="application/merge-patch+json",
+            _request_timeout=limit,
+        )
+
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
 

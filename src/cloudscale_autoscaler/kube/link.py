@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from kubernetes import client as k8s
 
@@ -20,11 +24,15 @@ from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
+from cloudscale_autoscaler.kube.podlabel import LeaderLabel
 from cloudscale_autoscaler.kube.watch import DriftWatch
 from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.serving import Serving
 
 log = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 
 
 def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
@@ -44,14 +52,40 @@ def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
     return client, namespace
 
 
+def _in_daemon_thread(function: Callable[[_A], _R], argument: _A) -> asyncio.Future[_R]:
+    """`function(argument)` in a daemon thread; its result or exception in the future."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_R] = loop.create_future()
+
+    def settle(result: _R | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # cancelled: nobody waits for it any more
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            outcome: tuple[_R | None, BaseException | None] = (function(argument), None)
+        except BaseException as error:  # handed to the awaiting task, raised there
+            outcome = (None, error)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="kube-preflight", daemon=True).start()
+    return future
+
+
 class ClusterLink:
     @classmethod
     async def connect(cls, config: Config, engine: Engine, metrics: Metrics) -> ClusterLink:
-        """Preflight in a worker thread: reading a kubeconfig may run an exec credential
-        plugin, which must not hold up the event loop."""
+        """Preflight in a thread of its own: reading a kubeconfig may run an exec credential
+        plugin, which must not hold up the event loop, nor the process's exit when start-up
+        is abandoned (asyncio.run waits for its executor's threads, not for a daemon)."""
         if config.kubernetes is None:
             raise ValueError("ClusterLink needs the kubernetes section")
-        client, namespace = await asyncio.to_thread(preflight, config.kubernetes)
+        client, namespace = await _in_daemon_thread(preflight, config.kubernetes)
         return cls(config, engine, metrics, client, namespace)
 
     def __init__(
@@ -75,6 +109,8 @@ class ClusterLink:
         self._drift_task: asyncio.Task[None] | None = None
         self._elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
+        self.label: LeaderLabel | None = None
+        self._label_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
         if namespace is not None:
@@ -88,6 +124,9 @@ class ClusterLink:
                 on_started=self._lead,
                 on_stopped=self._stand_down,
             )
+            self.label = _leader_label(self._api, namespace, election.retry_period_seconds)
+            if self.label is not None:
+                self.serving.subscribe(self.label.want)
 
     @property
     def elects(self) -> bool:
@@ -96,6 +135,8 @@ class ClusterLink:
     def start(self) -> None:
         if self._elector is not None:
             self._elector_task = asyncio.create_task(self._elector.run())
+            if self.label is not None:
+                self._label_task = asyncio.create_task(self.label.run())
         else:
             self._start_drift()
 
@@ -119,7 +160,7 @@ class ClusterLink:
 
     def _stand_down(self) -> None:
         self._stop_drift()
-        self._engine.drop_queued_creations()
+        self._engine.drop_queued_creations("leadership lost")
 
     def _start_drift(self) -> None:
         interval = self._settings.drift_interval_seconds
@@ -136,6 +177,22 @@ class ClusterLink:
             self._elector_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._elector_task
+            # The Service stops routing here before a standby takes the released Lease.
+            if self._label_task is not None and self.label is not None:
+                self._label_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._label_task
+                await self.label.remove()
             await self._elector.release()
         self._stop_drift()
         await asyncio.to_thread(self._api.close)
+
+
+def _leader_label(api: KubeApi, lease_namespace: str, retry: float) -> LeaderLabel | None:
+    """The label for this replica's own Pod (POD_NAME, POD_NAMESPACE from the downward API;
+    the namespace defaults to the Lease's); None outside a pod."""
+    pod = os.environ.get("POD_NAME")
+    if not pod:
+        log.info("leader label: no POD_NAME (not in a pod): no Pod to label as the leader")
+        return None
+    return LeaderLabel(api, own_namespace() or lease_namespace, pod, retry)

@@ -16,7 +16,7 @@ from google.protobuf import any_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.engine.engine import API_UNREACHABLE, Engine
+from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,
     EngineError,
@@ -46,6 +46,7 @@ T = TypeVar("T")
 # How long before the caller's deadline cloud work is abandoned, leaving time to answer
 # (at most a tenth of the time the caller gave).
 DEADLINE_MARGIN_SECONDS = 0.3
+API_SLOW = "the cloudscale.ch API is slow"
 
 _CODES: dict[type[EngineError], grpc.StatusCode] = {
     GroupNotFound: grpc.StatusCode.NOT_FOUND,
@@ -88,9 +89,11 @@ async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
     try:
         return await asyncio.wait_for(call, budget)
     except TimeoutError:
+        # Slow, not unreachable: an API that cannot be reached fails on its own (connection
+        # refused, the client's timeout) and says so. What the engine shields goes on.
         raise CloudUnavailable(
-            f"{API_UNREACHABLE}: no answer within {budget:.1f} s, "
-            "given up to answer before the caller's deadline"
+            f"{API_SLOW}: no answer within {budget:.1f} s, given up to answer before the "
+            "caller's deadline (work already started goes on; retry)"
         ) from None
 
 

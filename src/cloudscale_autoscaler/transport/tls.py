@@ -9,11 +9,13 @@ no restart and drops no RPC. An invalid intermediate state (a key that no longer
 certificate halfway through a non-atomic copy) is logged once and skipped: the last good
 configuration stays in use until the files are consistent again.
 
-`load_material` is the one place the files are checked: `serve` calls it before it listens and
-on every reload, `check-config` calls it too, so a file one refuses the other refuses with the
-same message. Its last check builds the transport's own TLS configuration
-(`_transport.check_tls`): rustls signs with fewer key types than cryptography reads (no P-521,
-no RSA under 2048 bits), and what it refuses must be refused here, not at the next handshake.
+`load_material` is the one place the files are checked, for what the Cluster Autoscaler's Go
+TLS would refuse too (a server certificate without a DNS or IP SAN, a client CA bundle without
+a CA certificate): `serve` calls it before it listens and on every reload, `check-config`
+calls it too, so a file one refuses the other refuses with the same message. Its last check
+builds the transport's own TLS configuration (`_transport.check_tls`): rustls signs with fewer
+key types than cryptography reads (no P-521, no RSA under 2048 bits), and what it refuses must
+be refused here, not at the next handshake.
 
 Client certificates are always required and verified against `clientCA` (a PEM bundle, also
 reloaded). rustls in the transport checks the client certificate's extended key usage (a
@@ -37,6 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from cloudscale_autoscaler import _transport
+from cloudscale_autoscaler.configfile.yamlfile import MAX_DOCUMENT_BYTES, read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +66,15 @@ class TLSMaterial:
 
 
 def _read(path: Path, what: str) -> bytes:
+    """Bounded and regular files only, as the config's other files: a rotation that leaves
+    a FIFO in place must not block the handshake that checks for new files."""
     try:
-        return path.read_bytes()
+        data = read_at_most(path, MAX_DOCUMENT_BYTES)
     except OSError as exc:
         raise TLSFileError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    if data is None:
+        raise TLSFileError(f"{what} {path}: larger than {MAX_DOCUMENT_BYTES // 1024} KiB")
+    return data
 
 
 def _certificates(data: bytes, path: Path, what: str) -> list[x509.Certificate]:
@@ -112,15 +120,43 @@ def _leaf_problem(leaf: x509.Certificate, now: dt.datetime) -> str | None:
     return f"extended key usage ({names}) lacks serverAuth: not a server certificate"
 
 
+def _names_problem(leaf: x509.Certificate) -> str | None:
+    """Go's TLS (the Cluster Autoscaler's) matches the host it dials against the DNS and IP
+    subject alternative names only, never the Common Name."""
+    try:
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        names = x509.SubjectAlternativeName([])
+    if names.get_values_for_type(x509.DNSName) or names.get_values_for_type(x509.IPAddress):
+        return None
+    return (
+        "has no DNS or IP subject alternative name, so the Cluster Autoscaler refuses it "
+        '("x509: certificate relies on legacy Common Name field"): it checks the host of '
+        "`address` in its cloud-config against these names; add that host as a SAN"
+    )
+
+
+def _is_ca(certificate: x509.Certificate) -> bool:
+    try:
+        return certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        return False
+
+
 def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
-    """Read and check the files as clients will (PEM, key pair, CA bundle, the certificate's
-    validity window now and its usage) and as the transport will (its TLS configuration built
-    from them); raises TLSFileError naming the file at fault."""
+    """Read and check the files as clients will (PEM, key pair, a CA in the CA bundle, the
+    certificate's validity window now, its usage and its names) and as the transport will
+    (its TLS configuration built from them); raises TLSFileError naming the file at fault."""
     chain = _read(cert, "tls.cert")
     key_pem = _read(key, "tls.key")
     ca_pem = _read(client_ca, "tls.clientCA")
     leaf = _certificates(chain, cert, "tls.cert")[0]
-    _certificates(ca_pem, client_ca, "tls.clientCA")
+    if not any(_is_ca(ca) for ca in _certificates(ca_pem, client_ca, "tls.clientCA")):
+        raise TLSFileError(
+            f"tls.clientCA {client_ca}: holds no CA certificate (basicConstraints CA:TRUE), "
+            "so no client certificate can be verified against it and every client would be "
+            "refused; give the CA that signs the Cluster Autoscaler's client certificate"
+        )
     try:
         private = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
@@ -135,6 +171,9 @@ def load_material(cert: Path, key: Path, client_ca: Path) -> TLSMaterial:
     problem = _leaf_problem(leaf, dt.datetime.now(dt.UTC))
     if problem is not None:
         raise TLSFileError(f"tls.cert {cert}: {problem}; clients refuse it")
+    problem = _names_problem(leaf)
+    if problem is not None:
+        raise TLSFileError(f"tls.cert {cert}: {problem}")
     try:
         _transport.check_tls(chain, key_pem, ca_pem)
     except ValueError as exc:

@@ -71,6 +71,7 @@ The config file: .Values.config plus the settings tied to this pod (listen addre
 files, token file), which the chart owns so they always match the mounts and ports.
 */}}
 {{- define "cloudscale-autoscaler.config" -}}
+{{- include "cloudscale-autoscaler.checkNodeGroups" . -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" -}}
 {{- if hasKey $cfg $key -}}
@@ -100,9 +101,37 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- toYaml $cfg -}}
 {{- end -}}
 
+{{/* Whether the replicas elect a leader (and the leader labels its Pod). */}}
+{{- define "cloudscale-autoscaler.elects" -}}
+{{- if and .Values.kubernetes.enabled .Values.kubernetes.leaderElection.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The label the leader sets on its own Pod; the gRPC Service selects it. */}}
+{{- define "cloudscale-autoscaler.leaderLabel" -}}
+autoscaler.cloudscale.ch/leader: "true"
+{{- end -}}
+
 {{/* More than one replica is safe only when the replicas elect a leader. */}}
 {{- define "cloudscale-autoscaler.checkReplicas" -}}
 {{- if and (gt (int .Values.replicas) 1) (not (and .Values.kubernetes.enabled .Values.kubernetes.leaderElection.enabled)) -}}
 {{- fail (printf "replicas is %v: more than one replica needs kubernetes.enabled and kubernetes.leaderElection.enabled (two active providers would race on the same servers)" .Values.replicas) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What values.schema.json cannot say about the node groups, checked at render time so that a
+mistake fails `helm install` instead of crash-looping the provider: minSize <= maxSize and
+names used once (the provider checks both again at start).
+*/}}
+{{- define "cloudscale-autoscaler.checkNodeGroups" -}}
+{{- $seen := dict -}}
+{{- range $i, $group := .Values.config.nodeGroups -}}
+{{- if gt (int $group.minSize) (int $group.maxSize) -}}
+{{- fail (printf "config.nodeGroups[%d].minSize: %v is greater than maxSize (%v)" $i $group.minSize $group.maxSize) -}}
+{{- end -}}
+{{- if hasKey $seen $group.name -}}
+{{- fail (printf "config.nodeGroups[%d].name: %q is already the name of config.nodeGroups[%v]" $i $group.name (get $seen $group.name)) -}}
+{{- end -}}
+{{- $_ := set $seen $group.name $i -}}
 {{- end -}}
 {{- end -}}

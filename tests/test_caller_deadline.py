@@ -1,0 +1,70 @@
+"""A caller's own deadline is not the API's failure: a DeleteNodes that CA gives up on after
+20 ms, while the API is slow but answers, must not make later calls refuse with "the API is
+unreachable" (seen before: every IncreaseSize, a patient one too, answered UNAVAILABLE until
+the next Refresh), and the caller itself is told the API is slow, not unreachable. The real
+server over mTLS, the emulator's listing held 1.5 s."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from fixtures.stack import StackFactory, group, group_tags, wait_until
+
+from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+
+SLOW_MS = 1500
+PATIENT = 5.0  # CA's default deadline
+
+
+def assert_slow_not_unreachable(error: grpc.aio.AioRpcError) -> None:
+    """Answered just before the caller's deadline, saying what is known: the API is slow."""
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    details = str(error.details())
+    assert details.startswith("the cloudscale.ch API is slow: no answer within "), details
+    assert "unreachable" not in details
+
+
+async def test_a_callers_deadline_is_not_recorded_as_an_api_failure(stack: StackFactory) -> None:
+    s = await stack(groups=[group("workers", 0, 5)])
+    server = await s.admin.create_server("test-workers-a", tags=group_tags("workers"))
+    await s.refresh()
+    await s.admin.set_faults({"latency": {"list_servers": {"fixed_ms": SLOW_MS}}})
+    node = pb.ExternalGrpcNode(name="test-workers-a", providerID=f"cloudscale://{server['uuid']}")
+    with pytest.raises(grpc.aio.AioRpcError) as impatient:
+        await s.stub.NodeGroupDeleteNodes(
+            pb.NodeGroupDeleteNodesRequest(id="workers", nodes=[node]), timeout=0.02
+        )
+    assert_slow_not_unreachable(impatient.value)
+
+    # The API is slow, not down: a caller that waits gets its servers.
+    await s.stub.NodeGroupIncreaseSize(
+        pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1), timeout=PATIENT
+    )
+    await s.admin.clear_faults()
+
+    async def created() -> bool:
+        return len(await s.cloud_servers("workers")) == 2
+
+    await wait_until(created, 30, "the second server was never created")
+    # The abandoned DeleteNodes never reached its deletion: the listing it started finished
+    # for the next caller, and nothing was deleted behind CA's back.
+    uuids = {found["uuid"] for found in await s.cloud_servers("workers")}
+    assert server["uuid"] in uuids
+
+
+async def test_the_listing_a_caller_abandoned_still_brings_the_inventory(
+    stack: StackFactory,
+) -> None:
+    s = await stack(groups=[group("workers", 0, 5)])
+    await s.admin.set_faults({"latency": {"list_servers": {"fixed_ms": SLOW_MS}}})
+    created = await s.admin.create_server("test-workers-b", tags=group_tags("workers"))
+    with pytest.raises(grpc.aio.AioRpcError) as impatient:
+        await s.stub.Refresh(pb.RefreshRequest(), timeout=0.05)
+    assert_slow_not_unreachable(impatient.value)
+
+    async def listed() -> bool:
+        nodes = await s.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id="workers"), timeout=5)
+        return [i.id for i in nodes.instances] == [f"cloudscale://{created['uuid']}"]
+
+    # No Refresh after it: the abandoned one applied its listing and published it.
+    await wait_until(listed, 10, "the abandoned listing was never applied")

@@ -136,10 +136,11 @@ impl Reply {
 }
 
 impl Bridge {
+    /// Hands the call to Python's loop and waits for its answer.
     pub async fn forward(
         &self,
         method: usize,
-        message: &[u8],
+        message: bytes::Bytes,
         timeout: Option<Duration>,
         id: &str,
         may_change_state: bool,
@@ -158,7 +159,7 @@ impl Bridge {
             let args = (
                 self.dispatch.clone_ref(py),
                 method,
-                PyBytes::new(py, message),
+                PyBytes::new(py, &message),
                 timeout.map(|t| t.as_secs_f64()),
                 id,
                 reply,
@@ -167,6 +168,7 @@ impl Bridge {
                 .call_method1(py, "call_soon_threadsafe", args)
                 .map(|_| ())
         });
+        drop(message); // Python has its copy: a large request is not held twice
         if handed.is_err() {
             return status(UNAVAILABLE, "the server is shutting down");
         }

@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Request, Response};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{ALLOW, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::body::BoxBody;
 use tonic::server::NamedService;
 
@@ -33,6 +35,14 @@ const RESOURCE_EXHAUSTED: u8 = 8;
 const PERMISSION_DENIED: u8 = 7;
 const DEADLINE_EXCEEDED: u8 = 4;
 const HEADSTART: Duration = Duration::from_millis(1);
+
+/// What Python chose to bound a call's request by (see transport/limits.py).
+pub struct RequestLimits {
+    /// Request message bytes being received or handled at once, over all calls.
+    pub receive_budget_bytes: u32,
+    /// How long a call's request may take to arrive whole, whatever its deadline.
+    pub body_timeout: Duration,
+}
 
 /// Per connection: None when the client may call CloudProvider, else why not.
 #[derive(Clone, Default)]
@@ -76,6 +86,11 @@ pub struct Core {
     pub debug: AtomicBool,
     request_ids: AtomicU64,
     id_prefix: String,
+    /// One permit per request byte: a request holds its bytes' permits from its length
+    /// prefix until its answer, so what requests occupy at once stays under the budget.
+    budget: Semaphore,
+    budget_bytes: u32,
+    body_timeout: Duration,
 }
 
 impl Core {
@@ -86,6 +101,7 @@ impl Core {
         bridge: Bridge,
         id_prefix: String,
         serving: bool,
+        limits: RequestLimits,
     ) -> Core {
         Core {
             by_path: methods
@@ -104,6 +120,9 @@ impl Core {
             debug: AtomicBool::new(false),
             request_ids: AtomicU64::new(0),
             id_prefix,
+            budget: Semaphore::new(limits.receive_budget_bytes as usize),
+            budget_bytes: limits.receive_budget_bytes,
+            body_timeout: limits.body_timeout,
         }
     }
 
@@ -155,8 +174,22 @@ impl Core {
             Ok(timeout) => timeout.and_then(|t| started.checked_add(t.saturating_sub(HEADSTART))),
             Err(refusal) => return refusal,
         };
-        let message = match before(deadline, read_message(request.into_body())).await {
-            Ok(message) => message,
+        let encoded = request.headers().contains_key("grpc-encoding");
+        let reading = tokio::time::timeout(
+            self.body_timeout,
+            self.read_message(request.into_body(), encoded),
+        );
+        let body_timeout = || {
+            let message = format!(
+                "the request message did not arrive whole within {:?}",
+                self.body_timeout
+            );
+            Err(status(DEADLINE_EXCEEDED, &message))
+        };
+        let reading = async { reading.await.unwrap_or_else(|_| body_timeout()) };
+        // Held until the answer: Python's copy and decoding of the message count too.
+        let (message, _budget) = match before(deadline, reading).await {
+            Ok(read) => read,
             Err(refusal) => return refusal,
         };
         // Not while Python still runs a call that may change state and whose caller gave up on
@@ -171,16 +204,106 @@ impl Core {
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         // The hot RPCs only read; any other call may change what their answers say.
         let may_change_state = self.hot[method].is_none();
+        // Only a memoized answer needs the request kept once Python has its copy.
+        let key = self.hot[method].map(|hot| (hot, message.clone()));
         let forwarded = self
             .bridge
-            .forward(method, &message, remaining, id, may_change_state);
+            .forward(method, message, remaining, id, may_change_state);
         let answer = match before(deadline, async { Ok(forwarded.await) }).await {
             Ok(answer) | Err(answer) => answer,
         };
-        if let Some(hot) = self.hot[method] {
+        if let Some((hot, message)) = key {
             self.snapshot.remember(hot, message, &answer);
         }
         answer
+    }
+
+    /// Reads the one request message: its 5-byte prefix first, which refuses a compressed
+    /// or too large message at once, then the message itself within the receive budget.
+    async fn read_message(
+        &self,
+        mut body: BoxBody,
+        encoded: bool,
+    ) -> Result<(Bytes, SemaphorePermit<'_>), Answer> {
+        let mut prefix = BytesMut::with_capacity(5);
+        let mut rest = Bytes::new();
+        while prefix.len() < 5 {
+            let Some(data) = next_data(&mut body).await? else {
+                return Err(status(INTERNAL, "no request message"));
+            };
+            let take = data.len().min(5 - prefix.len());
+            prefix.extend_from_slice(&data[..take]);
+            rest = data.slice(take..);
+        }
+        let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]);
+        if prefix[0] != 0 {
+            return Err(compressed(encoded));
+        }
+        if length as usize > MAX_RECEIVE_BYTES {
+            let message =
+                format!("Received message larger than max ({length} vs. {MAX_RECEIVE_BYTES})");
+            return Err(status(RESOURCE_EXHAUSTED, &message));
+        }
+        // Not waited for: a queue would hold small calls behind large ones.
+        let permit = self.budget.try_acquire_many(length).map_err(|_| {
+            let taken = self.budget_bytes as usize - self.budget.available_permits();
+            let message = format!(
+                "request message of {length} bytes refused: requests being received or \
+                 handled hold {taken} of the server's {} bytes; retry later",
+                self.budget_bytes
+            );
+            status(RESOURCE_EXHAUSTED, &message)
+        })?;
+        let mut message = BytesMut::with_capacity(length as usize);
+        let mut data = rest;
+        loop {
+            if message.len() + data.len() > length as usize {
+                return Err(status(
+                    INTERNAL,
+                    "more than one request message in a unary call",
+                ));
+            }
+            message.put(&mut data);
+            match next_data(&mut body).await? {
+                Some(next) => data = next,
+                None => break,
+            }
+        }
+        if message.len() != length as usize {
+            return Err(status(INTERNAL, "the request message was cut off"));
+        }
+        Ok((message.freeze(), permit))
+    }
+}
+
+/// The body's next data frame; None at its end.
+async fn next_data(body: &mut BoxBody) -> Result<Option<Bytes>, Answer> {
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(status(CANCELLED, "the request body was cut off"));
+        };
+        if let Ok(data) = frame.into_data() {
+            if data.has_remaining() {
+                return Ok(Some(data));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A compressed message: this server negotiates no compression. As grpc-go answers: without
+/// a grpc-encoding the flag contradicts the call (INTERNAL); with one, it is unsupported.
+fn compressed(encoded: bool) -> Answer {
+    if encoded {
+        status(
+            UNIMPLEMENTED,
+            "compressed request messages are not supported (no grpc-encoding is accepted)",
+        )
+    } else {
+        status(
+            INTERNAL,
+            "compressed flag set in a request message without a grpc-encoding",
+        )
     }
 }
 
@@ -198,48 +321,6 @@ async fn before<T>(
             .await
             .unwrap_or_else(|_| expired()),
     }
-}
-
-/// Reads the one request message, refusing anything over the limit as soon as its length
-/// prefix is known.
-async fn read_message(mut body: BoxBody) -> Result<Bytes, Answer> {
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return Err(status(CANCELLED, "the request body was cut off"));
-        };
-        if let Ok(data) = frame.into_data() {
-            buf.extend_from_slice(&data);
-        }
-        if buf.len() >= 5 {
-            let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-            if length > MAX_RECEIVE_BYTES {
-                let message =
-                    format!("Received message larger than max ({length} vs. {MAX_RECEIVE_BYTES})");
-                return Err(status(RESOURCE_EXHAUSTED, &message));
-            }
-            if buf.len() > length + 5 {
-                return Err(status(
-                    INTERNAL,
-                    "more than one request message in a unary call",
-                ));
-            }
-        }
-    }
-    if buf.len() < 5 {
-        return Err(status(INTERNAL, "no request message"));
-    }
-    let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-    if buf[0] != 0 {
-        return Err(status(
-            UNIMPLEMENTED,
-            "compressed request messages are not supported",
-        ));
-    }
-    if buf.len() != length + 5 {
-        return Err(status(INTERNAL, "the request message was cut off"));
-    }
-    Ok(buf.freeze().split_off(5))
 }
 
 pub fn status(code: u8, message: &str) -> Answer {
@@ -317,6 +398,47 @@ fn ok_response(framed: Bytes) -> Response<BoxBody> {
     let mut response = Response::new(tonic::body::boxed(body));
     grpc_headers(&mut response);
     response
+}
+
+/// The gRPC-over-HTTP/2 rules a request must follow to be routed at all: POST with a
+/// content-type of application/grpc or application/grpc+proto (parameters allowed). What
+/// breaks them gets the HTTP status the spec names, with a gRPC status for gRPC clients.
+pub fn wire_refusal<B>(request: &Request<B>) -> Option<Response<BoxBody>> {
+    if request.method() != Method::POST {
+        let message = format!(
+            "method {} is not allowed: gRPC calls are POST",
+            request.method()
+        );
+        let mut response = status_response(INTERNAL, &message);
+        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return Some(response);
+    }
+    let content_type = request.headers().get(CONTENT_TYPE);
+    if content_type.is_some_and(|value| is_grpc(value.as_bytes())) {
+        return None;
+    }
+    let named = content_type.map_or("none".to_string(), |value| {
+        format!("{:?}", String::from_utf8_lossy(value.as_bytes()))
+    });
+    let message = format!(
+        "content-type {named} is not served: expected application/grpc or application/grpc+proto"
+    );
+    let mut response = status_response(INTERNAL, &message);
+    *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    Some(response)
+}
+
+fn is_grpc(content_type: &[u8]) -> bool {
+    let media_type = content_type
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default();
+    let media_type = media_type.trim_ascii();
+    media_type.eq_ignore_ascii_case(b"application/grpc")
+        || media_type.eq_ignore_ascii_case(b"application/grpc+proto")
 }
 
 /// A trailers-only response: the status travels in the headers, the body is empty.
@@ -415,5 +537,26 @@ mod tests {
             );
         }
         assert_eq!(percent_encode("a 100% 'ü'\n"), "a 100%25 '%C3%BC'%0A");
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        for served in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC; charset=utf-8",
+            "application/grpc+proto ;x=y",
+        ] {
+            assert!(is_grpc(served.as_bytes()), "{served}");
+        }
+        for refused in [
+            "",
+            "text/plain",
+            "application/grpc+json",
+            "application/grpcx",
+            "application/grpc-web",
+        ] {
+            assert!(!is_grpc(refused.as_bytes()), "{refused}");
+        }
     }
 }

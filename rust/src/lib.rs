@@ -62,7 +62,7 @@ impl Server {
     /// Binds `listen` and starts serving on a thread of its own; the hot answers are served
     /// from the start if `serving`, else not until `set_serving_for` (leader election).
     #[new]
-    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix, max_connection_age, serving))]
+    #[pyo3(signature = (listen, methods, buckets, descriptors, tls, hooks, id_prefix, limits, max_connection_age, serving))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen: &str,
@@ -72,9 +72,15 @@ impl Server {
         tls: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>,
         hooks: &Bound<'_, PyAny>,
         id_prefix: String,
+        limits: &Bound<'_, PyAny>,
         max_connection_age: Option<f64>,
         serving: bool,
     ) -> PyResult<Server> {
+        let seconds = |name: &str| -> PyResult<Duration> {
+            let value: f64 = limits.getattr(name)?.extract()?;
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| PyValueError::new_err(format!("{name}: {value} is no duration")))
+        };
         let optional = |name: &str| -> PyResult<Option<PyObject>> {
             let value = hooks.getattr(name)?;
             Ok((!value.is_none()).then(|| value.unbind()))
@@ -96,7 +102,18 @@ impl Server {
         let tls = tls
             .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))
             .transpose()?;
-        let core = Arc::new(Core::new(&methods, buckets, bridge, id_prefix, serving));
+        let request_limits = grpc::RequestLimits {
+            receive_budget_bytes: limits.getattr("receive_budget_bytes")?.extract()?,
+            body_timeout: seconds("body_timeout")?,
+        };
+        let core = Arc::new(Core::new(
+            &methods,
+            buckets,
+            bridge,
+            id_prefix,
+            serving,
+            request_limits,
+        ));
         let listener = std::net::TcpListener::bind(listen)
             .map_err(|e| PyOSError::new_err(format!("cannot bind ({e})")))?;
         listener.set_nonblocking(true)?;
@@ -109,8 +126,15 @@ impl Server {
             core: core.clone(),
             tls: tls.clone(),
             descriptors,
-            max_connection_age: max_connection_age
-                .and_then(|s| Duration::try_from_secs_f64(s).ok()),
+            limits: io::ConnectionLimits {
+                max_concurrent_streams: limits.getattr("max_concurrent_streams")?.extract()?,
+                max_header_list_bytes: limits.getattr("max_header_list_bytes")?.extract()?,
+                idle_timeout: seconds("idle_timeout")?,
+                keepalive_interval: seconds("keepalive_interval")?,
+                keepalive_timeout: seconds("keepalive_timeout")?,
+                max_connection_age: max_connection_age
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok()),
+            },
             health: health_changes,
             stop: stopped,
         };

@@ -58,6 +58,9 @@ const TABLES: usize = 5;
 /// Distinct requests remembered per RPC before the memo starts over (CA sends one set of
 /// GetOptions defaults per CA version, so a handful per group in practice).
 const MEMO_LIMIT: usize = 1024;
+/// Larger requests are not remembered: CA's are a few hundred bytes, and the memo must not
+/// hold MEMO_LIMIT requests of up to 16 MiB each for whoever sends them.
+const MEMO_REQUEST_LIMIT: usize = 4096;
 
 /// Each part swaps on its own, so publishing the targets does not copy the node index.
 pub struct Snapshot {
@@ -123,7 +126,10 @@ impl Snapshot {
 
     /// Keeps Python's OK answer to `request` if the RPC is memoized.
     pub fn remember(&self, hot: Hot, request: Bytes, answer: &Answer) {
-        if !self.memoized[hot.slot()].load(Relaxed) || !matches!(answer, Answer::Ok(_)) {
+        if !self.memoized[hot.slot()].load(Relaxed)
+            || !matches!(answer, Answer::Ok(_))
+            || request.len() > MEMO_REQUEST_LIMIT
+        {
             return;
         }
         if let Ok(mut memo) = self.memo[hot.slot()].write() {

@@ -21,6 +21,7 @@ class Server:
         tls: tuple[bytes, bytes, bytes] | None,
         hooks: Any,
         id_prefix: str,
+        limits: Any,
         max_connection_age: float | None,
         serving: bool,
     ) -> None: ...

@@ -23,6 +23,15 @@ Message size: the receive limit is raised from gRPC's 4 MiB to 16 MiB because CA
 NodeGroupDeleteNodes carries whole node objects (labels, annotations) and can list thousands
 of them in one call; anything larger is refused with RESOURCE_EXHAUSTED.
 
+Limits: streams per connection, header size, the bytes of requests in flight, how long a request
+may take to arrive, idle connections and keepalive pings: see transport/limits.py. The
+transport also keeps the gRPC wire rules: a request other than POST gets HTTP 405, one whose
+content-type is not application/grpc or application/grpc+proto HTTP 415 (each with grpc-status
+INTERNAL), and a compressed message without a grpc-encoding INTERNAL.
+
+Memory: what a burst of requests made the process take is given back to the system
+(transport/memory.py).
+
 Shutdown: `RunningServer.stop(grace)` marks every health entry NOT_SERVING, stops accepting
 connections and gives in-flight RPCs `grace` seconds (default 25 s, inside Kubernetes' default
 30 s termination grace period) before cutting them.
@@ -50,6 +59,8 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
 from cloudscale_autoscaler.transport.clients import AllowedClients
 from cloudscale_autoscaler.transport.handshakes import RefusedHandshakes
+from cloudscale_autoscaler.transport.limits import DEFAULT_LIMITS, Limits
+from cloudscale_autoscaler.transport.memory import trim_after_growth, tune_malloc
 from cloudscale_autoscaler.transport.tls import (
     DEFAULT_MIN_INTERVAL,
     ReloadingCredentials,
@@ -58,7 +69,6 @@ from cloudscale_autoscaler.transport.tls import (
 
 log = logging.getLogger(__name__)
 
-MAX_RECEIVE_BYTES: int = _transport.MAX_RECEIVE_BYTES
 RPC_NAMES: tuple[str, ...] = tuple(
     m.name for m in pb.DESCRIPTOR.services_by_name["CloudProvider"].methods
 )
@@ -114,6 +124,7 @@ class RunningServer:
         credentials: ReloadingCredentials | None,
         max_connection_age: float | None,
         gated: bool,
+        limits: Limits,
     ) -> None:
         self._calls = calls
         self._credentials = credentials
@@ -137,6 +148,7 @@ class RunningServer:
                 None if self._served is None else _pems(self._served),
                 hooks,
                 secrets.token_hex(3),  # keeps request ids of replicas and restarts apart
+                limits,
                 max_connection_age,
                 not gated,
             )
@@ -144,6 +156,7 @@ class RunningServer:
             raise ListenError(f"listen {address!r}: {exc}") from None
         self.port: int = self._server.port
         self._stopped: asyncio.Future[None] | None = None
+        self._trimming = asyncio.get_running_loop().create_task(trim_after_growth())
         self._server.set_debug(logging.getLogger(Calls.__module__).isEnabledFor(logging.DEBUG))
 
     def cert_not_after(self) -> float | None:
@@ -217,6 +230,7 @@ class RunningServer:
             def on_stopped() -> None:  # on the transport's thread
                 loop.call_soon_threadsafe(done)
 
+            self._trimming.cancel()
             self._server.stop(grace or 0.0, on_stopped)
             await stopped
             # The transport's thread is returning from on_stopped (a moment): once it has,
@@ -252,6 +266,7 @@ async def start_server(
     reload_interval: float = DEFAULT_MIN_INTERVAL,
     max_connection_age: float | None = None,
     gated: bool = False,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunningServer:
     """Bind `listen` (default config.listen; port 0 picks a free one) and start serving.
 
@@ -259,11 +274,13 @@ async def start_server(
     or material the TLS library refuses). With `max_connection_age` (seconds), connections
     are sent GOAWAY after that age, their calls in flight finishing. `gated` (leader
     election): the published answers are not served until `serve_until` opens the gate.
+    `limits`: what bounds the server under any client (transport/limits.py).
     """
     address = listen if listen is not None else config.listen
     credentials = _credentials(config, reload_interval)
+    tune_malloc()  # before the transport's thread allocates
     running = RunningServer(
-        config, Calls(servicer), address, credentials, max_connection_age, gated
+        config, Calls(servicer), address, credentials, max_connection_age, gated, limits
     )
     if credentials is None:
         log.warning(

@@ -234,11 +234,12 @@ where
             .set_service_status(service, ServingStatus::NotServing)
             .await;
     }
+    // Draining first: a connection whose handshake ends from now on is not served at all.
+    let _ = drain.send(true);
     accepting.abort();
     let _ = accepting.await; // its hold on `draining` goes with it
-    let _ = drain.send(true);
-    // Every connection holds a receiver until it has ended; what is left after the grace is
-    // cut when the runtime is dropped.
+                             // Every connection holds a receiver until it has ended; what is left after the grace is
+                             // cut when the runtime is dropped.
     let _ = tokio::time::timeout(grace, drain.closed()).await;
     on_stopped
 }
@@ -289,6 +290,12 @@ async fn accept(listener: TcpListener, core: Arc<Core>, tls: Tls, serving: Arc<S
 /// Serves one connection until the client closes it, or until it is idle, too old or the
 /// server stops: then GOAWAY, and the streams in flight finish.
 async fn connection(io: Io, peer: Peer, serving: Arc<Serving>) {
+    if *serving.draining.borrow() {
+        // Accepted before the server stopped, ready after: closed unserved, as a connection
+        // attempt after the stop is refused. Serving it even until the GOAWAY could start a
+        // call the drain promised not to take.
+        return;
+    }
     let streams = Arc::new(Streams::new());
     let service = Connection {
         routes: serving.routes.clone(),
@@ -304,11 +311,14 @@ async fn connection(io: Io, peer: Peer, serving: Arc<Serving>) {
             None => std::future::pending().await,
         }
     };
+    // The stop is seen before the connection's next frames: a call the client sends after
+    // it is refused by the GOAWAY, not started.
     let idle = tokio::select! {
+        biased;
+        _ = draining.wait_for(|&stopping| stopping) => false,
         _ = &mut conn => return,
         _ = streams.idle(serving.idle_timeout) => true,
         _ = age => false,
-        _ = draining.wait_for(|&stopping| stopping) => false,
     };
     conn.as_mut().graceful_shutdown();
     if !idle {

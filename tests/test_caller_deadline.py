@@ -73,3 +73,24 @@ async def test_the_listing_a_caller_abandoned_still_brings_the_inventory(
 
     # No Refresh after it: the abandoned one applied its listing and published it.
     await wait_until(listed, 10, "the abandoned listing was never applied")
+
+
+async def test_an_api_failing_through_the_deadline_is_named_not_called_slow(
+    stack: StackFactory,
+) -> None:
+    """Each listing attempt fails with a 503 after 2 s, and the client retries: when CA's 5 s
+    run out, the caller is told what the API answered, not that it is slow (seen before:
+    "slow: no answer within 4.7 s" whenever the retries' backoff outlasted the deadline)."""
+    s = await stack(groups=[group("workers", 0, 5)])
+    await s.admin.set_faults(
+        {
+            "latency": {"list_servers": {"fixed_ms": 2000}},
+            "error_rate": {"list_servers": {"rate": 1.0, "status": 503}},
+        }
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as failing:
+        await s.stub.Refresh(pb.RefreshRequest(), timeout=PATIENT)
+    assert failing.value.code() == grpc.StatusCode.UNAVAILABLE, failing.value
+    details = str(failing.value.details())
+    assert details.startswith("the cloudscale.ch API is unreachable: "), details
+    assert "503" in details and "; still retrying: no answer within " in details, details

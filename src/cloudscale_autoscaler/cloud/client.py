@@ -163,6 +163,8 @@ class CloudscaleClient:
         self.mutations = ConcurrencyLimit(max_concurrent_mutations)
         self._flavors: list[Flavor] | None = None
         self._flavors_expire = 0.0
+        # (time.monotonic(), error) of the latest attempt that failed and is being retried.
+        self._retrying_after: tuple[float, CloudError] | None = None
         self._flavor_fetch: asyncio.Task[list[Flavor]] | None = None
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if token:
@@ -515,6 +517,7 @@ class CloudscaleClient:
         self, operation: str, retry: int, error: CloudError, retry_after: float | None
     ) -> None:
         self.retries[operation] = self.retries.get(operation, 0) + 1
+        self._retrying_after = (time.monotonic(), error)
         delay = backoff_delay(
             retry, self.backoff_base, self.max_delay_seconds, self._rng, retry_after
         )
@@ -527,6 +530,13 @@ class CloudscaleClient:
             error,
         )
         await asyncio.sleep(delay)
+
+    def failed_since(self, since: float) -> CloudError | None:
+        """The error of the latest attempt that failed and was retried, if it failed after
+        `since` (time.monotonic())."""
+        if self._retrying_after is None or self._retrying_after[0] < since:
+            return None
+        return self._retrying_after[1]
 
     def _observe(self, operation: str, status: str, seconds: float) -> None:
         if self._on_request is None:

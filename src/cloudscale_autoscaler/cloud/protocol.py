@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import (
     Flavor,
     Image,
@@ -45,5 +46,11 @@ class Cloud(Protocol):
         ...
 
     async def list_subnets(self) -> list[Subnet]: ...
+
+    def failed_since(self, since: float) -> CloudError | None:
+        """What the latest attempt that failed and is being retried ended with, if it failed
+        after `since` (time.monotonic()): why a call given up on while retries go on had no
+        answer."""
+        ...
 
     async def aclose(self) -> None: ...

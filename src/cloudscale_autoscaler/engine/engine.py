@@ -381,6 +381,13 @@ class Engine:
     async def gpu_types(self) -> list[str]:
         return await self._catalog.gpu_types()
 
+    def api_failure_since(self, since: float) -> str | None:
+        """Why the API gave no answer yet, if an attempt failed after `since`
+        (time.monotonic()) and its client is retrying: what a caller that cannot wait longer
+        is told instead of "slow"."""
+        error = self._cloud.failed_since(since)
+        return None if error is None else f"{_api_problem(error)}: {error}"
+
     def autoscaling_options(
         self, name: str, defaults: pb.NodeGroupAutoscalingOptions
     ) -> pb.NodeGroupAutoscalingOptionsResponse:

@@ -8,7 +8,8 @@ with the engine's message (which CA logs) unchanged.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import NoReturn, Protocol, TypeVar
 
 import grpc
@@ -71,14 +72,16 @@ async def _abort(context: Context, error: EngineError) -> NoReturn:
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
-async def _run(context: Context, call: Awaitable[T]) -> T:
+async def _run(context: Context, call: Awaitable[T], engine: Engine) -> T:
     try:
-        return await _within_deadline(context, call)
+        return await _within_deadline(context, call, engine.api_failure_since)
     except EngineError as error:
         await _abort(context, error)
 
 
-async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
+async def _within_deadline(
+    context: Context, call: Awaitable[T], failure_since: Callable[[float], str | None]
+) -> T:
     """Give up on cloud work shortly before the caller's deadline (CA: 5 s per RPC), so the
     caller gets UNAVAILABLE with the reason instead of timing out blind while the client is
     still retrying. Work the engine shields (deletions, creations) carries on regardless."""
@@ -86,13 +89,16 @@ async def _within_deadline(context: Context, call: Awaitable[T]) -> T:
     if remaining is None:
         return await call
     budget = remaining - min(DEADLINE_MARGIN_SECONDS, remaining / 10)
+    started = time.monotonic()
     try:
         return await asyncio.wait_for(call, budget)
     except TimeoutError:
-        # Slow, not unreachable: an API that cannot be reached fails on its own (connection
-        # refused, the client's timeout) and says so. What the engine shields goes on.
+        # An API that failed during the call (and is being retried) is named with its own
+        # error; one that failed nothing is slow, not unreachable.
+        failure = failure_since(started)
+        problem = f"{failure}; still retrying" if failure else API_SLOW
         raise CloudUnavailable(
-            f"{API_SLOW}: no answer within {budget:.1f} s, given up to answer before the "
+            f"{problem}: no answer within {budget:.1f} s, given up to answer before the "
             "caller's deadline (work already started goes on; retry)"
         ) from None
 
@@ -148,7 +154,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         pricer = self.engine.pricing
         if pricer is None:
             await _abort(context, Unimplemented("PricingPodPrice is not implemented: no prices"))
-        return await _run(context, pricing.pod_price(pricer, request))
+        return await _run(context, pricing.pod_price(pricer, request), self.engine)
 
     async def GPULabel(self, request: pb.GPULabelRequest, context: Context) -> pb.GPULabelResponse:
         return self._gpu_label
@@ -156,7 +162,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def GetAvailableGPUTypes(
         self, request: pb.GetAvailableGPUTypesRequest, context: Context
     ) -> pb.GetAvailableGPUTypesResponse:
-        types = await _run(context, self.engine.gpu_types())
+        types = await _run(context, self.engine.gpu_types(), self.engine)
         return pb.GetAvailableGPUTypesResponse(gpuTypes={t: _gpu_type_value(t) for t in types})
 
     async def Cleanup(self, request: pb.CleanupRequest, context: Context) -> pb.CleanupResponse:
@@ -164,7 +170,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         return pb.CleanupResponse()
 
     async def Refresh(self, request: pb.RefreshRequest, context: Context) -> pb.RefreshResponse:
-        await _run(context, self.engine.refresh())
+        await _run(context, self.engine.refresh(), self.engine)
         return pb.RefreshResponse()
 
     async def NodeGroupTargetSize(
@@ -179,14 +185,14 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
-        await _run(context, self.engine.increase_size(request.id, request.delta))
+        await _run(context, self.engine.increase_size(request.id, request.delta), self.engine)
         return pb.NodeGroupIncreaseSizeResponse()
 
     async def NodeGroupDeleteNodes(
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
         nodes = [NodeRef(node.providerID, node.name) for node in request.nodes]
-        await _run(context, self.engine.delete_nodes(request.id, nodes))
+        await _run(context, self.engine.delete_nodes(request.id, nodes), self.engine)
         return pb.NodeGroupDeleteNodesResponse()
 
     async def NodeGroupDecreaseTargetSize(
@@ -209,7 +215,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def NodeGroupTemplateNodeInfo(
         self, request: pb.NodeGroupTemplateNodeInfoRequest, context: Context
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
-        return await _run(context, self.engine.template_node_info(request.id))
+        return await _run(context, self.engine.template_node_info(request.id), self.engine)
 
     async def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: Context

@@ -40,7 +40,8 @@ RUN --mount=type=secret,id=ca-certificates \
                CARGO_HTTP_CAINFO=/run/secrets/ca-certificates \
                SSL_CERT_FILE=/run/secrets/ca-certificates; \
     fi \
-    && CARGO_TARGET_DIR=/cargo-target pip wheel --wheel-dir /wheels .
+    && CARGO_TARGET_DIR=/cargo-target pip wheel --wheel-dir /wheels . \
+    && (cd /wheels && sha256sum *.whl) > /wheels.sha256
 
 # --- final: the installed wheels, no compiler, no build context ---------------------------
 FROM ${PYTHON_IMAGE}
@@ -48,6 +49,9 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# The checksums of the wheels installed below: a record of what the image holds, and what makes
+# podman's layer cache redo the install when they change (it does not look into bind mounts).
+COPY --from=builder /wheels.sha256 /usr/local/share/cloudscale-autoscaler/wheels.sha256
 # Install from the builder's wheels through a bind mount, so they never become a layer; then
 # drop pip/setuptools/wheel, which nothing needs at run time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \

@@ -7,6 +7,7 @@ grpcurl over mTLS, answers /metrics, /healthz and /readyz, and drains and exits 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -40,6 +41,7 @@ from test_grpcurl import (
 
 pytestmark = [pytest.mark.image, NEEDS_IMAGE]
 
+ROOT = Path(__file__).resolve().parents[1]
 ETC = Path("/etc/cloudscale-autoscaler")
 UID = 10001
 START_SECONDS = 60.0
@@ -204,6 +206,25 @@ def test_no_compiler_or_package_installer_inside(served: Served) -> None:
     assert found.stdout == "", f"build tools left in the image:\n{found.stdout}"
 
 
+# Prints {path: sha256} of the installed package's Python files.
+DIGESTS = """
+import hashlib, json, pathlib, cloudscale_autoscaler as package
+top = pathlib.Path(package.__file__).parent
+print(json.dumps({str(p.relative_to(top)): hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in top.rglob("*.py")}))
+"""
+
+
+def test_the_image_holds_the_working_trees_code(served: Served) -> None:
+    """Not a stale install from an earlier build (a layer cache that missed a change)."""
+    done = served.container.exec("python3.11", "-c", DIGESTS)
+    assert done.returncode == 0, done.stderr
+    top = ROOT / "src" / "cloudscale_autoscaler"
+    here = {str(p.relative_to(top)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in top.rglob("*.py")}  # fmt: skip
+    assert json.loads(done.stdout) == here
+
+
 def test_sigterm_drains_the_call_in_flight_and_exits_zero(
     image: str, grpcurl: str, cloud: Cloud, tmp_path: Path
 ) -> None:
@@ -227,6 +248,7 @@ def test_sigterm_drains_the_call_in_flight_and_exits_zero(
             while not httpx.get(f"{admin}/stats").json()["in_flight"].get("list_servers"):
                 assert time.monotonic() < deadline, "the Refresh never reached the cloud"
                 time.sleep(0.05)
+            assert refresh.poll() is None, "the Refresh must still wait for the cloud"
             # SIGTERM, then SIGKILL if it still runs after the grace period: the kubelet's way.
             podman(
                 "stop",

@@ -13,8 +13,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: wheels for the project and every dependency --------------------------------
 FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # The compiled transport (rust/) needs a Rust toolchain: rustc-web (see PYTHON_IMAGE; plain
 # rustc is too old for tonic and rustls). Only this stage has it.
 RUN apt-get update \
@@ -27,7 +26,22 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY rust ./rust
 COPY src ./src
-RUN pip wheel --wheel-dir /wheels .
+# pip and cargo download over HTTPS with their own CA bundles. Behind a TLS-inspecting proxy
+# (or a private mirror) give the build your trust store as the optional secret
+# `ca-certificates` (docs/deployment.md); without it they use their own.
+# The cache mounts keep downloaded wheels and crates and cargo's compiled dependencies between
+# builds (never in a layer), so a changed source file recompiles only the transport itself.
+RUN --mount=type=secret,id=ca-certificates \
+    --mount=type=cache,id=cloudscale-autoscaler-pip,target=/root/.cache/pip \
+    --mount=type=cache,id=cloudscale-autoscaler-cargo-registry,target=/root/.cargo/registry \
+    --mount=type=cache,id=cloudscale-autoscaler-cargo-target,target=/cargo-target \
+    if [ -f /run/secrets/ca-certificates ]; then \
+        export PIP_CERT=/run/secrets/ca-certificates \
+               CARGO_HTTP_CAINFO=/run/secrets/ca-certificates \
+               SSL_CERT_FILE=/run/secrets/ca-certificates; \
+    fi \
+    && CARGO_TARGET_DIR=/cargo-target pip wheel --wheel-dir /wheels . \
+    && (cd /wheels && sha256sum *.whl) > /wheels.sha256
 
 # --- final: the installed wheels, no compiler, no build context ---------------------------
 FROM ${PYTHON_IMAGE}
@@ -35,6 +49,9 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# The checksums of the wheels installed below: a record of what the image holds, and what makes
+# podman's layer cache redo the install when they change (it does not look into bind mounts).
+COPY --from=builder /wheels.sha256 /usr/local/share/cloudscale-autoscaler/wheels.sha256
 # Install from the builder's wheels through a bind mount, so they never become a layer; then
 # drop pip/setuptools/wheel, which nothing needs at run time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \

@@ -12,6 +12,7 @@ pytest_plugins = [
     "fixtures.emulator",
     "fixtures.stack",
     "fixtures.kube",
+    "fixtures.image",
 ]
 
 # Set by .ci/run: every tool a test needs is installed there, so a skip is a failure.

@@ -818,6 +818,10 @@ def test_go_seconds(duration: str, seconds: float) -> None:
     assert go_seconds(duration) == seconds
 
 
+# Where a release publishes the image, tagged with its version.
+PUBLISHED_IMAGE = "ghcr.io/cloudscale-autoscaler/cloudscale-autoscaler"
+
+
 def test_versions_match_the_project() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
@@ -835,6 +839,9 @@ def test_kustomize_base_builds_a_working_install(kustomize: list[str], tmp_path:
     assert bundle.all("ServiceMonitor") == [], "the base works without Prometheus Operator CRDs"
     assert len(bundle.all("PodDisruptionBudget")) == 1, "both replicas are Ready: on by default"
     assert bundle.all("Secret") == [], "the token Secret is created by hand, never shipped"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    published = f"{PUBLISHED_IMAGE}:{project['version']}"
+    assert container_of(bundle.provider())["image"] == published, "the release's image by default"
     namespaced = [d for d in bundle.docs if d["kind"] not in CLUSTER_SCOPED]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"kube-system"}
 
@@ -982,7 +989,11 @@ def test_helm_template_needs_no_kube_version(helm: str) -> None:
     """With helm's own default Kubernetes version (a released helm's, as the docs install)."""
     done = run([helm, "template", PROVIDER, str(CHART)])
     assert done.returncode == 0, done.stderr
-    assert Bundle(load_docs(done.stdout)).provider()["spec"]["replicas"] == 2
+    provider = Bundle(load_docs(done.stdout)).provider()
+    assert provider["spec"]["replicas"] == 2
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    published = f"{PUBLISHED_IMAGE}:{chart['appVersion']}"
+    assert container_of(provider)["image"] == published, "the release's image by default"
 
 
 def _comparable(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
@@ -1170,7 +1181,10 @@ def test_dockerfile_builds_in_two_stages_from_python_slim() -> None:
     assert "--find-links=/wheels" in final_runs and "--no-index" in final_runs
     for tool in ("apt-get", "gcc", "build-essential"):
         assert tool not in final_runs, f"no build tools in the final image: {tool}"
-    assert all(i != "COPY" for i, _ in final), "the final stage takes only the wheels"
+    copied = [a for i, a in final if i == "COPY"]
+    assert copied == [
+        "--from=builder /wheels.sha256 /usr/local/share/cloudscale-autoscaler/wheels.sha256"
+    ], "the final stage takes only the wheels (through a bind mount) and their checksums"
 
 
 def test_dockerfile_runtime_matches_the_manifests() -> None:

@@ -141,6 +141,7 @@ def start_autoscaler(
         f"--cloud-config={cloud_config}", f"--kubeconfig={cluster.kube.admin_kubeconfig}",
         f"--namespace={NAMESPACE}", "--leader-elect=false", "--scan-interval=2s",
         "--scale-down-delay-after-add=0s", "--scale-down-delay-after-delete=0s",
+        "--node-delete-delay-after-taint=0s",
         "--max-node-provision-time=2m", f"--address=127.0.0.1:{free_port()}", "--v=2",
         "--logtostderr", *flags,
     ]  # fmt: skip
@@ -328,9 +329,18 @@ async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
         assert "Disabling scale-up for node group lpg-workers" in output, output[-4000:]
         assert "errorClass=OutOfResource; errorCode=ZONE_CAPACITY_EXHAUSTED" in output
         assert "rma-workers 0->3 (max: 5)" in output
-        backed_off = (await node_groups_status(cluster))["lpg-workers"]["scaleUp"]
-        assert backed_off["status"] == "Backoff", backed_off
-        assert backed_off["backoffInfo"]["errorCode"] == "ZONE_CAPACITY_EXHAUSTED", backed_off
+
+        async def backed_off_and_rolled_back() -> bool:
+            # CA deleted the placeholders (DeleteNodes), so the group's target is 0 again.
+            entry = (await node_groups_status(cluster))["lpg-workers"]
+            scale_up = entry["scaleUp"]
+            return (
+                scale_up["status"] == "Backoff"
+                and scale_up.get("backoffInfo", {}).get("errorCode") == "ZONE_CAPACITY_EXHAUSTED"
+                and entry["health"]["cloudProviderTarget"] == 0
+            )
+
+        await wait_until(backed_off_and_rolled_back, 30, "lpg-workers never showed as backed off")
 
         rma = {s["name"] for s in await servers_of(emulator, spare["name"])}
         assert {pod.spec.node_name for pod in await load_pods(cluster)} <= rma

@@ -66,7 +66,9 @@ def cluster() -> Iterator[Cluster]:
 
 def node_for(server: dict[str, Any]) -> dict[str, Any]:
     """What the CCM and the kubelet register for a booted server (kubelet defaults: no
-    reservations, evictionHard memory.available 100Mi, 110 pods)."""
+    reservations, evictionHard memory.available 100Mi, 110 pods). Not Ready yet, as a kubelet
+    registers: with no Ready condition at all, the node lifecycle controller would lift the
+    not-ready taint at once and the scheduler bind pods before kwok takes the Node over."""
     zone = server["zone"]["slug"]
     flavor = server["flavor"]
     memory_mi = flavor["memory_gb"] * 1024
@@ -89,6 +91,8 @@ def node_for(server: dict[str, Any]) -> dict[str, Any]:
                          "pods": "110"},
             "allocatable": {"cpu": str(flavor["vcpu_count"]), "memory": f"{memory_mi - 100}Mi",
                             "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                            "message": "container runtime status check may not have completed"}],
         },
     }  # fmt: skip
 
@@ -346,3 +350,26 @@ async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
         assert {pod.spec.node_name for pod in await load_pods(cluster)} <= rma
         assert len(rma) == PODS
         assert await servers_of(emulator, full["name"]) == [], "nothing of lpg-workers is left"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_price_expander_picks_the_cheaper_group(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Two groups of the same shape (8 GB, 2 vCPUs), one ten times the price: CA's price
+    expander, which asks our PricingNodePrice and PricingPodPrice, scales the cheap one. The
+    priority expander after it prefers the dear one, so only our prices can make that choice."""
+    cheap, dear = group("flex-workers", flavor="flex-8-2"), group("plus-workers", flavor="plus-8-2")
+    pricing = {"currency": "CHF", "flavorsPerHour": {"flex-8-2": "0.05", "plus-8-2": "0.5"},
+               "volumePerGBHour": "0"}  # fmt: skip
+    await asyncio.to_thread(cluster.core().create_namespaced_config_map, NAMESPACE,
+                            priorities(dear["name"], cheap["name"]))  # fmt: skip
+    await load(cluster, PODS)
+    async with scene(version, [cheap, dear], cluster, pki, emulator, tmp_path,
+                     flags=("--expander=price,priority",), pricing=pricing) as ca:  # fmt: skip
+        await wait_all_running(cluster, ca, PODS, "the pending pods never ran on new nodes")
+        assert "flex-workers 0->3 (max: 5)" in ca.output, ca.output[-4000:]
+        flex = {s["name"] for s in await servers_of(emulator, cheap["name"])}
+        assert {pod.spec.node_name for pod in await load_pods(cluster)} <= flex
+        assert len(flex) == PODS
+        assert await servers_of(emulator, dear["name"]) == []

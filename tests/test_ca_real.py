@@ -48,6 +48,9 @@ POD_CPU = "1500m"
 PODS = 3
 UNNEEDED_SECONDS = 5
 VERSIONS = list(GENERATIONS)
+# CI time: the scenarios whose wire does not change across generations run on the two newest
+# (the slow refusal is our provider's path; the price expander's calls are the same since 1.34.2).
+NEWEST = VERSIONS[-2:]
 
 
 def group(name: str, **fields: Any) -> dict[str, Any]:
@@ -314,8 +317,10 @@ REFUSALS = {
 }
 
 
-@pytest.mark.parametrize("refusal", list(REFUSALS))
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(
+    ("version", "refusal"),
+    [(version, "instant") for version in VERSIONS] + [(version, "slow") for version in NEWEST],
+)
 async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
     version: str,
     refusal: str,
@@ -358,7 +363,7 @@ async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
         assert await servers_of(emulator, full["name"]) == [], "nothing of lpg-workers is left"
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", NEWEST)
 async def test_price_expander_picks_the_cheaper_group(
     version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
 ) -> None:

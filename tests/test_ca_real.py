@@ -51,6 +51,9 @@ VERSIONS = list(GENERATIONS)
 # CI time: the scenarios whose wire does not change across generations run on the two newest
 # (the slow refusal is our provider's path; the price expander's calls are the same since 1.34.2).
 NEWEST = VERSIONS[-2:]
+# The plain `pytest` run (CI) leaves out the scenarios marked ca_extended (pyproject's addopts:
+# each takes one to two minutes); `pytest -m ca` runs them all.
+EXTENDED = pytest.mark.ca_extended
 
 
 def group(name: str, **fields: Any) -> dict[str, Any]:
@@ -319,7 +322,11 @@ REFUSALS = {
 
 @pytest.mark.parametrize(
     ("version", "refusal"),
-    [(version, "instant") for version in VERSIONS] + [(version, "slow") for version in NEWEST],
+    [
+        pytest.param(version, "instant", marks=() if version in NEWEST else EXTENDED)
+        for version in VERSIONS
+    ]
+    + [pytest.param(version, "slow", marks=EXTENDED) for version in NEWEST],
 )
 async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
     version: str,

@@ -173,15 +173,17 @@ async def clean(cluster: Cluster) -> None:
     core, apps = cluster.core(), k8s.AppsV1Api(cluster.kube.client())
     with contextlib.suppress(k8s.ApiException):
         await asyncio.to_thread(apps.delete_namespaced_deployment, "load", "default")
-    # Forced: the Pods' Nodes go next, and nothing would finish a graceful deletion then.
-    await asyncio.to_thread(core.delete_collection_namespaced_pod, "default",
-                            label_selector="app=load", grace_period_seconds=0)  # fmt: skip
     for name in (STATUS, PRIORITIES):
         with contextlib.suppress(k8s.ApiException):
             await asyncio.to_thread(core.delete_namespaced_config_map, name, NAMESPACE)
-    await asyncio.to_thread(core.delete_collection_node)
 
     async def empty() -> bool:
+        # Deleted again at every look: until the garbage collector has removed the
+        # Deployment's ReplicaSet, it replaces the Pods deleted before. Forced: the Pods'
+        # Nodes go too, and nothing would finish a graceful deletion then.
+        await asyncio.to_thread(core.delete_collection_namespaced_pod, "default",
+                                label_selector="app=load", grace_period_seconds=0)  # fmt: skip
+        await asyncio.to_thread(core.delete_collection_node)
         pods = await asyncio.to_thread(
             core.list_namespaced_pod, "default", label_selector="app=load"
         )

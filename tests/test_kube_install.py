@@ -196,9 +196,13 @@ async def test_helm_install_waits_for_two_ready_replicas(
     )  # fmt: skip
     assert len(pods.items) == 2
     assert len({pod.spec.node_name for pod in pods.items}) == 2, "one replica per node"
-    assert sorted(await endpoint_pods(cluster, f"{FULLNAME}-metrics")) == sorted(
-        pod.metadata.name for pod in pods.items
-    ), "both replicas are scraped"
+    replicas = sorted(pod.metadata.name for pod in pods.items)
+
+    async def both_scraped() -> bool:
+        # The EndpointSlice controller follows Pod readiness a moment later.
+        return sorted(await endpoint_pods(cluster, f"{FULLNAME}-metrics")) == replicas
+
+    await wait_until(both_scraped, 30, "the metrics Service never listed both replicas")
     print(f"helm install --wait: {installed:.1f}s")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
-from fixtures.cluster import Cluster, cert_manager_crds, running_cluster
+from fixtures.cluster import Cluster, cert_manager_crds, condition_true, running_cluster
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.kube import NEEDS_KUBE, running_kube
 from fixtures.stack import wait_until
@@ -66,11 +66,10 @@ def _wait_established(cluster: Cluster, names: list[str]) -> None:
     api = k8s.ApiextensionsV1Api(cluster.kube.client())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        established = 0
-        for name in names:
-            conditions = api.read_custom_resource_definition(name).status.conditions or []
-            established += any(c.type == "Established" and c.status == "True" for c in conditions)
-        if established == len(names):
+        if all(
+            condition_true(api.read_custom_resource_definition(name).status, "Established")
+            for name in names
+        ):
             return
         time.sleep(0.5)
     raise AssertionError(f"cert-manager's CRDs were not established: {names}")

@@ -57,7 +57,7 @@ class Creations:
         catalog: Catalog,
         clock: Callable[[], float],
     ) -> None:
-        self.config = config
+        self._config = config
         self._cloud = cloud
         self._inventory = inventory
         self._background = background
@@ -111,7 +111,7 @@ class Creations:
         interfaces: tuple[InterfaceRequest, ...] | None = None,
     ) -> list[ServerSpec]:
         """`count` create requests with names unique in the group (listed or in flight)."""
-        cluster = self.config.cluster
+        cluster = self._config.cluster
         in_flight = {c.name for c in group.creations.values()}
         chosen: list[str] = []
         while len(chosen) < count:
@@ -139,7 +139,7 @@ class Creations:
 
     async def _verdict(self, group: GroupState, batch: Batch) -> None:
         try:
-            await asyncio.wait_for(batch.settled.wait(), self.config.increase_size_wait_seconds)
+            await asyncio.wait_for(batch.settled.wait(), self._config.increase_size_wait_seconds)
         except TimeoutError:
             return  # still in flight: slow creations report through NodeGroupNodes
         error = batch.first_error
@@ -243,6 +243,8 @@ class Creations:
         del group.creations[creation.request_id]
         creation.batch.cancelled += 1
         creation.batch.record()
+
+    # --- shutdown, leadership lost --------------------------------------------------------
 
     def drop_queued(self, why: str) -> None:
         """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the

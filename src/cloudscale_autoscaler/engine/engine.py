@@ -9,11 +9,12 @@ what it changes:
 - background.py: the tasks that outlive their call, and shutdown.
 Engine itself owns only the lifecycle (start, Refresh's order of steps, shutdown) and the
 answers that come from config and the catalog (templates, GPU types, autoscaling options).
-Its collaborators import inventory.py and background.py, never each other or this module.
+Imports run one way, engine.py → creations.py, deletions.py → inventory.py → background.py,
+so state is passed down explicitly and never reached back for.
 
 Runs on the asyncio loop only, no threads: state changes between two awaits are atomic, so
 no locks are needed. Every check-then-act sequence keeps its check and its act in one
-synchronous stretch, inside one method of the module that owns the state it changes.
+synchronous stretch inside one method; each module's docstring says what state it owns.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Inventory:
         background: Background,
         clock: Callable[[], float],
     ) -> None:
-        self.config = config
+        self._config = config
         self._cloud = cloud
         self._background = background
         self._clock = clock
@@ -87,7 +87,7 @@ class Inventory:
     def loaded(self) -> bool:
         return self._applied_start > 0 and not self._stale
 
-    # --- listing --------------------------------------------------------------------------
+    # --- Refresh's listing ----------------------------------------------------------------
 
     async def sync(self, why: str) -> None:
         """List the cluster's servers and apply the listing. It runs as a task of its own: a
@@ -111,13 +111,13 @@ class Inventory:
 
     async def _list(self, why: str, start: int) -> None:
         try:
-            servers = await self._cloud.list_servers(self.config.cluster)
+            servers = await self._cloud.list_servers(self._config.cluster)
         except CloudError as error:
             problem = api_problem(error)
             if problem == API_UNREACHABLE:
                 self.api_down = str(error)
             raise CloudUnavailable(
-                f"{why}: {problem}: listing the servers of cluster {self.config.cluster} "
+                f"{why}: {problem}: listing the servers of cluster {self._config.cluster} "
                 f"failed: {error}"
             ) from error
         self.api_down = None
@@ -134,7 +134,7 @@ class Inventory:
         self._applied_start = start
         self._stale = False
         buckets: dict[str, dict[str, Server]] = {name: {} for name in self.groups}
-        cluster = self.config.cluster
+        cluster = self._config.cluster
         for server in servers:
             tags = server.tags
             # The client filters by cluster already; checked again because this inventory is
@@ -174,7 +174,7 @@ class Inventory:
             above,
             group.config.max_size,
             foreign,
-            self.config.cluster,
+            self._config.cluster,
         )
 
     def _ignore_group(self, name: str) -> None:
@@ -234,13 +234,15 @@ class Inventory:
         return group
 
     def expire(self, group: GroupState) -> None:
-        group.expire_placeholders(self._clock(), self.config.placeholder_expiry_seconds)
+        group.expire_placeholders(self._clock(), self._config.placeholder_expiry_seconds)
 
     def owner_of(self, uuid: str) -> str | None:
         for name, group in self.groups.items():
             if uuid in group.servers:
                 return name
         return None
+
+    # --- NodeGroupTargetSize, NodeGroupNodes, the metrics ---------------------------------
 
     def target_size(self, name: str) -> int:
         group = self.group(name)

@@ -58,7 +58,7 @@ def in_flight(stack: Stack, group: str) -> InFlight:
       leaves its deletions running between steps.
     Call on the loop (engine state is loop-confined).
     """
-    state = stack.provider.service.engine._groups[group]
+    state = stack.provider.service.engine._inventory.groups[group]
     return InFlight(
         frozenset(c.request_id for c in state.pending_creations() if c.uuid is None),
         frozenset(

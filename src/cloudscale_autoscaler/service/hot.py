@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from cloudscale_autoscaler.engine import options
-from cloudscale_autoscaler.engine.engine import NOT_MANAGED
 from cloudscale_autoscaler.engine.errors import EngineError
+from cloudscale_autoscaler.engine.inventory import NOT_MANAGED
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service.provider import CloudProviderService, status_code
 

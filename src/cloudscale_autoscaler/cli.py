@@ -126,9 +126,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return serve_command(args.config)
     if command == "check-config":
-        from cloudscale_autoscaler.config_loader import check_config_command
+        from cloudscale_autoscaler.configfile.check import run_check
 
-        return check_config_command(args.config, online=args.online)
+        return run_check(args.config, online=args.online)
     if command == "emulator":
         from cloudscale_autoscaler.cloud.emulator.server import emulator_command
 

@@ -93,13 +93,6 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
     return config
 
 
-def check_config_command(path: Path, online: bool) -> int:
-    """`cloudscale-autoscaler check-config`: print a summary or every error (exit 2)."""
-    from cloudscale_autoscaler.configfile.check import run_check
-
-    return run_check(path, online)
-
-
 def _read_document(path: Path) -> dict[Any, Any]:
     try:
         data = parse_yaml(read_document(path))

@@ -81,7 +81,7 @@ def test_nothing_loads_kubernetes_without_the_section() -> None:
     config has a `kubernetes:` section."""
     code = (
         "import sys, cloudscale_autoscaler.app, cloudscale_autoscaler.cli, "
-        "cloudscale_autoscaler.config_loader; "
+        "cloudscale_autoscaler.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudscale_autoscaler.catalogue_check import (
+    catalogue_errors,
+    fetch_catalogue,
+    interface_errors,
+    networks_to_check,
+)
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, ConfigError
-from cloudscale_autoscaler.configfile.advice import config_warnings
-from cloudscale_autoscaler.configfile.check import catalogue_errors, fetch_catalogue
-from cloudscale_autoscaler.configfile.network_check import interface_errors, networks_to_check
+from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.logs import register_secret, to_stderr
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
@@ -312,7 +316,7 @@ async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running 
 
 
 def serve_command(config_path: Path) -> int:
-    from cloudscale_autoscaler.config_loader import load_config
+    from cloudscale_autoscaler.config import load_config
 
     try:
         config = load_config(config_path)

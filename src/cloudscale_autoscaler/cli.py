@@ -126,7 +126,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return serve_command(args.config)
     if command == "check-config":
-        from cloudscale_autoscaler.configfile.check import run_check
+        from cloudscale_autoscaler.commands.check_config import run_check
 
         return run_check(args.config, online=args.online)
     if command == "emulator":

@@ -93,7 +93,7 @@ def _error(message: str) -> None:
 def template_command(config_path: Path, group: str, output: str) -> int:
     """Print the group's template Node; 2 for a bad config/group/flavor, 1 if the API fails
     and the flavor slug does not say the size."""
-    from cloudscale_autoscaler.config_loader import load_config
+    from cloudscale_autoscaler.config import load_config
 
     try:
         config = load_config(config_path)
@@ -142,8 +142,8 @@ def template_command(config_path: Path, group: str, output: str) -> int:
 
 def group_notes(config: Config, group: NodeGroupConfig) -> str:
     """`# interfaces: ...` and `# price: ...` of the group (the price RPC's hourly basis)."""
-    from cloudscale_autoscaler.configfile.interfaces import interfaces_text
-    from cloudscale_autoscaler.configfile.pricing import price_text
+    from cloudscale_autoscaler.config.interfaces import interfaces_text
+    from cloudscale_autoscaler.config.pricing import price_text
 
     price = (
         price_text(config.pricing, group)

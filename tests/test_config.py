@@ -1309,7 +1309,7 @@ def test_example_config_is_valid(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     """examples/ must load, without a warning, once the development certificates exist beside
     it and the token is in the environment, as its comments say (file modes as git checks
     them out: a token file there would be world-readable)."""
-    from cloudscale_autoscaler.certs import certs_command
+    from cloudscale_autoscaler.commands.certs import certs_command
 
     examples = Path(__file__).parent.parent / "examples"
     copy_dir = tmp_path / "examples"

@@ -1,4 +1,4 @@
-"""The product's module graph: no import circle.
+"""The product's module graph: no import circle, and no library module importing a command.
 
 Read from the source with `ast`, not by importing: every import of a product module counts
 wherever it stands (a function-level import runs as surely as a top-level one, only later),
@@ -19,6 +19,9 @@ PACKAGE = "cloudscale_autoscaler"
 SOURCE = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 # The generated protobuf code imports only protobuf and its own siblings.
 GENERATED = f"{PACKAGE}.protos"
+COMMANDS = f"{PACKAGE}.commands"
+# What runs commands: the argument parser and `python -m`.
+ENTRY_POINTS = {f"{PACKAGE}.cli", f"{PACKAGE}.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -168,6 +171,40 @@ def test_no_import_circle() -> None:
         for tangle in found
     ]
     assert not found, "import circle(s) among the product's modules:\n" + "\n".join(report)
+
+
+def test_no_library_module_imports_a_command() -> None:
+    graph = import_graph()
+    assert any(_within(module, COMMANDS) for module in graph), f"{COMMANDS} is missing"
+    offenders = [
+        f"{_short(module)} imports {_short(target)}"
+        for module, targets in sorted(graph.items())
+        if not _within(module, COMMANDS) and module not in ENTRY_POINTS
+        for target in sorted(targets)
+        if _within(target, COMMANDS)
+    ]
+    assert not offenders, "library modules importing a command:\n" + "\n".join(offenders)
+
+
+# What template/ may run: the flavor's model and itself (its config types are annotations).
+TEMPLATE = f"{PACKAGE}.template"
+TEMPLATE_MAY_IMPORT = (TEMPLATE, f"{PACKAGE}.cloud.models", f"{PACKAGE}.cloud")
+
+
+def test_template_is_pure() -> None:
+    """A group's settings and a flavor in, a Node out: no config loader, no kube/, no API."""
+    graph = import_graph()
+    assert TEMPLATE in graph
+    offenders = [
+        f"{_short(module)} imports {_short(target)}"
+        for module, targets in sorted(graph.items())
+        if _within(module, TEMPLATE)
+        for target in sorted(targets)
+        if not any(
+            target == allowed or _within(target, TEMPLATE) for allowed in TEMPLATE_MAY_IMPORT
+        )
+    ]
+    assert not offenders, "template/ importing more than it may:\n" + "\n".join(offenders)
 
 
 # The graph reader itself, on sources written here: each must find what it should, or the

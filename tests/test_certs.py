@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cloudscale_autoscaler import certs
+from cloudscale_autoscaler.commands.certs import certs_command
 from cloudscale_autoscaler.transport.tls import load_material
 
 
@@ -39,7 +40,7 @@ def test_certs_command_writes_a_working_set(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "dev"
-    code = certs.certs_command(out, ["autoscaler.kube-system.svc"], ["10.0.0.7"])
+    code = certs_command(out, ["autoscaler.kube-system.svc"], ["10.0.0.7"])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "ca.crt", "client.crt", "client.key", "server.crt", "server.key",
@@ -72,7 +73,7 @@ def test_certs_command_overwrites_existing_keys_keeping_mode(tmp_path: Path) -> 
     key = tmp_path / "client.key"
     key.write_text("old")
     key.chmod(0o644)
-    assert certs.certs_command(tmp_path, [], []) == 0
+    assert certs_command(tmp_path, [], []) == 0
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert key.read_text().startswith("-----BEGIN PRIVATE KEY-----")
 
@@ -93,7 +94,7 @@ def test_certs_command_rejects_bad_names(
     ip: list[str],
     message: str,
 ) -> None:
-    assert certs.certs_command(tmp_path / "out", dns, ip) == 2
+    assert certs_command(tmp_path / "out", dns, ip) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -16,11 +16,11 @@ from fixtures.emulator import TOKEN as EMULATOR_TOKEN
 from fixtures.emulator import RunningEmulator
 from fixtures.tools import cli, free_port
 
+from cloudscale_autoscaler.catalogue_check import catalogue_errors
 from cloudscale_autoscaler.certs import DevPKI, mint_dev_pki, mint_leaf
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
 from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.configfile.check import catalogue_errors
 
 SECRET = "check-config-secret-token-0123456789"
 

@@ -12,21 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudscale_autoscaler.config import (
+from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, load_config
+from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.types import (
     AutoscalingOptions,
     CloudscaleConfig,
-    Config,
-    ConfigError,
     KubeletConfig,
     MetricsConfig,
-    NodeGroupConfig,
     Taint,
     TLSConfig,
 )
-from cloudscale_autoscaler.config_loader import load_config
-from cloudscale_autoscaler.configfile.advice import config_warnings
-from cloudscale_autoscaler.engine.userdata import UserDataError, render
-from cloudscale_autoscaler.validation import (
+from cloudscale_autoscaler.config.values import (
     did_you_mean,
     label_value_error,
     parse_go_duration,
@@ -35,6 +31,7 @@ from cloudscale_autoscaler.validation import (
     qualified_name_error,
     threshold_error,
 )
+from cloudscale_autoscaler.engine.userdata import UserDataError, render
 
 TOKEN = "s3cr3t-T0KEN-value-1234567890"
 ENV = {"CLOUDSCALE_API_TOKEN": TOKEN}
@@ -1132,7 +1129,7 @@ def test_token_file_readable_by_others_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = with_token_file(tmp_path, TOKEN, mode=0o644)
-    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.config_loader"):
+    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.config.loader"):
         load_config(path, env={})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
@@ -1149,7 +1146,7 @@ def test_token_file_readable_by_a_foreign_group_warns(
     token = tmp_path / "secret/token"
     foreign = max({os.getegid(), *os.getgroups()}) + 1
     os.chown(token, -1, foreign)
-    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.config_loader"):
+    with caplog.at_level(logging.WARNING, logger="cloudscale_autoscaler.config.loader"):
         load_config(path, env={})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
@@ -1312,7 +1309,7 @@ def test_example_config_is_valid(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     """examples/ must load, without a warning, once the development certificates exist beside
     it and the token is in the environment, as its comments say (file modes as git checks
     them out: a token file there would be world-readable)."""
-    from cloudscale_autoscaler.certs import certs_command
+    from cloudscale_autoscaler.commands.certs import certs_command
 
     examples = Path(__file__).parent.parent / "examples"
     copy_dir = tmp_path / "examples"

@@ -15,10 +15,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudscale_autoscaler.config import Config, ConfigError
-from cloudscale_autoscaler.config_loader import load_config
-from cloudscale_autoscaler.configfile.groups import MAX_VOLUME_GB
-from cloudscale_autoscaler.configfile.yamlfile import MAX_DEPTH, MAX_DOCUMENT_BYTES
+from cloudscale_autoscaler.config import Config, ConfigError, load_config
+from cloudscale_autoscaler.config.groups import MAX_VOLUME_GB
+from cloudscale_autoscaler.config.yamlfile import MAX_DEPTH, MAX_DOCUMENT_BYTES
 
 ENV = {"CLOUDSCALE_API_TOKEN": "bounds-test-token-0123456789"}
 GROUP = "- {name: workers, minSize: 0, maxSize: 3, flavor: flex-4-2, image: d}"

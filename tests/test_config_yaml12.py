@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from cloudscale_autoscaler.config import Config, ConfigError
-from cloudscale_autoscaler.config_loader import load_config
-from cloudscale_autoscaler.configfile.yamlfile import YamlProblem, parse_yaml
+from cloudscale_autoscaler.config import Config, ConfigError, load_config
+from cloudscale_autoscaler.config.yamlfile import YamlProblem, parse_yaml
 
 ENV = {"CLOUDSCALE_API_TOKEN": "yaml12-test-token-0123456789"}
 GROUP = "{name: workers, minSize: 0, maxSize: 3, flavor: flex-4-2, image: d"

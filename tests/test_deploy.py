@@ -36,10 +36,10 @@ from fixtures.tools import HELM, INSTALL_TIMEOUT_SECONDS, KUSTOMIZE, ensure
 from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.certs import mint_dev_pki
-from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.config_loader import CLOUDSCALE_KEYS, TOP_KEYS, load_config
-from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, OPTION_KEYS
-from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS as KUBELET_KEYS
+from cloudscale_autoscaler.config import Config, load_config
+from cloudscale_autoscaler.config.groups import GROUP_KEYS, OPTION_KEYS
+from cloudscale_autoscaler.config.kubelet import BLOCK_KEYS as KUBELET_KEYS
+from cloudscale_autoscaler.config.loader import CLOUDSCALE_KEYS, TOP_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
-from cloudscale_autoscaler.config import KubeletConfig, NodeGroupConfig, Taint
+from cloudscale_autoscaler.commands.drift import exit_code, render
+from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.config.types import KubeletConfig, Taint
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
-from cloudscale_autoscaler.kube.command import exit_code, render
 from cloudscale_autoscaler.kube.drift import (
     ABSENT,
     Difference,

@@ -684,7 +684,7 @@ async def test_emulator_command_serves_until_sigterm() -> None:
     code = (
         "import logging, sys;"
         "logging.basicConfig(level=logging.INFO, stream=sys.stderr);"
-        "from cloudscale_autoscaler.cloud.emulator.server import emulator_command;"
+        "from cloudscale_autoscaler.commands.emulator import emulator_command;"
         "sys.exit(emulator_command('127.0.0.1:0', 'cli-token', 3, 0.0))"
     )
     process = await asyncio.create_subprocess_exec(
@@ -714,6 +714,6 @@ async def test_emulator_command_serves_until_sigterm() -> None:
 
 
 def test_emulator_command_rejects_a_bad_listen_address() -> None:
-    from cloudscale_autoscaler.cloud.emulator.server import emulator_command
+    from cloudscale_autoscaler.commands.emulator import emulator_command
 
     assert emulator_command("nonsense", None, 0, 0.0) == 2

@@ -21,7 +21,7 @@ from fixtures.stack import group
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cloudscale_autoscaler.config import AutoscalingOptions
+from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 Code = grpc.StatusCode

@@ -16,7 +16,7 @@ import pytest
 from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
 from fixtures.tls import PKI, StandInServicer, address, make_config
 
-from cloudscale_autoscaler.config import AutoscalingOptions
+from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.server import start_server

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudscale_autoscaler.config import ConfigError, KubernetesConfig, LeaderElectionConfig
-from cloudscale_autoscaler.config_loader import load_config
-from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
+from cloudscale_autoscaler.config import ConfigError, load_config
+from cloudscale_autoscaler.config.kubernetes import kubernetes_text
+from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 
 ENV = {"CLOUDSCALE_API_TOKEN": "token"}
 LE = "kubernetes.leaderElection"

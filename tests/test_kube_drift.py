@@ -24,7 +24,7 @@ from fixtures.stack import CLUSTER, StackFactory, group, group_tags
 from fixtures.tools import run_cli
 from kubernetes import client as k8s
 
-from cloudscale_autoscaler.config import KubeletConfig, KubernetesConfig
+from cloudscale_autoscaler.config.types import KubeletConfig, KubernetesConfig
 from cloudscale_autoscaler.kube.check import template_of
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]

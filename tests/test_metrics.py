@@ -10,7 +10,7 @@ from fixtures.emulator import RunningEmulator
 from fixtures.stack import Stack, StackFactory, group
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloudscale_autoscaler.config import MetricsConfig
+from cloudscale_autoscaler.config.types import MetricsConfig
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 NAMED = [

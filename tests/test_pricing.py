@@ -21,8 +21,8 @@ from fixtures.stack import Stack, StackFactory, group
 from test_check_config import write_config
 
 from cloudscale_autoscaler.cli import main
-from cloudscale_autoscaler.config import ConfigError, PricingConfig
-from cloudscale_autoscaler.config_loader import load_config
+from cloudscale_autoscaler.config import ConfigError, load_config
+from cloudscale_autoscaler.config.types import PricingConfig
 from cloudscale_autoscaler.echo import ECHO_LIMIT
 from cloudscale_autoscaler.engine.pricing import (
     Offer,

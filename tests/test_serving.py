@@ -77,11 +77,11 @@ async def test_every_rpc_is_refused_while_standby(stack: StackFactory) -> None:
 
 
 def test_nothing_loads_kubernetes_without_the_section() -> None:
-    """The serve path (app, CLI, service, gate) imports the kubernetes package only when the
-    config has a `kubernetes:` section."""
+    """The serve path (command, app, CLI, service, gate) imports the kubernetes package only
+    when the config has a `kubernetes:` section."""
     code = (
         "import sys, cloudscale_autoscaler.app, cloudscale_autoscaler.cli, "
-        "cloudscale_autoscaler.config_loader; "
+        "cloudscale_autoscaler.commands.serve, cloudscale_autoscaler.config; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""`cloudscale-autoscaler serve`: config -> provider (cloud, engine, service) -> gRPC server.
+"""The provider assembled and run: config -> provider (cloud, engine, service) -> gRPC server.
 
 `build_provider` is the one place that constructs the object graph behind the gRPC service;
 everything it starts is registered in `Provider.closers` and closed after the server stopped.
@@ -11,18 +11,20 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cloudscale_autoscaler.catalogue_check import (
+    catalogue_errors,
+    fetch_catalogue,
+    interface_errors,
+    networks_to_check,
+)
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config, ConfigError
-from cloudscale_autoscaler.configfile.advice import config_warnings
-from cloudscale_autoscaler.configfile.check import catalogue_errors, fetch_catalogue
-from cloudscale_autoscaler.configfile.network_check import interface_errors, networks_to_check
+from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
-from cloudscale_autoscaler.logs import register_secret, to_stderr
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.gate import gated
@@ -44,7 +46,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1
-EXIT_BAD_CONFIG = 2
 
 
 @dataclass
@@ -309,16 +310,3 @@ async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running 
         return await starting
     except asyncio.CancelledError:
         return None
-
-
-def serve_command(config_path: Path) -> int:
-    from cloudscale_autoscaler.config_loader import load_config
-
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        to_stderr(log, logging.ERROR, f"{exc.source}: invalid config", exc.errors)
-        return EXIT_BAD_CONFIG
-    if config.cloudscale.token:
-        register_secret(config.cloudscale.token)
-    return asyncio.run(run(config))

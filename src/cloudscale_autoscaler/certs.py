@@ -1,6 +1,7 @@
 """Development PKI: a throwaway CA plus server and client certificates for mTLS.
 
-`cloudscale-autoscaler certs --out DIR` writes ca.crt, server.crt/.key and client.crt/.key.
+`cloudscale-autoscaler certs --out DIR` (commands/certs.py) writes ca.crt, server.crt/.key and
+client.crt/.key.
 Production clusters get their certificates from cert-manager (see certs/README.md); this module
 only exists so that a laptop, the demo and the tests can run the real mTLS path.
 
@@ -19,7 +20,6 @@ import datetime as dt
 import ipaddress
 import os
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,14 +175,21 @@ def mint_server(
     validity: Validity | None = None,
 ) -> Issued:
     """A serverAuth certificate for the loopback names plus `dns` and `ips`."""
+    dns_names, ip_names = server_sans(dns, ips)
     return mint_leaf(
         ca,
         common_name,
-        dns=_unique([*LOOPBACK_DNS, *dns]),
-        ips=_unique([*LOOPBACK_IPS, *ips]),
+        dns=dns_names,
+        ips=ip_names,
         usages=[ExtendedKeyUsageOID.SERVER_AUTH],
         validity=validity,
     )
+
+
+def server_sans(dns: Sequence[str], ips: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The server certificate's DNS and IP SANs: the loopback names, then `dns` and `ips`,
+    each name once."""
+    return _unique([*LOOPBACK_DNS, *dns]), _unique([*LOOPBACK_IPS, *ips])
 
 
 def mint_client(
@@ -263,28 +270,3 @@ class DevPKI:
 def mint_dev_pki(dns: Sequence[str] = (), ips: Sequence[str] = ()) -> DevPKI:
     ca = mint_ca()
     return DevPKI(ca, mint_server(ca, dns=dns, ips=ips), mint_client(ca))
-
-
-def certs_command(out: Path, dns: list[str], ip: list[str]) -> int:
-    """`cloudscale-autoscaler certs`: write a development CA, server and client certificate."""
-    try:  # the names are checked while the server certificate is built
-        pki = mint_dev_pki(dns, ip)
-    except CertError as exc:
-        print(f"certs: {exc}", file=sys.stderr)
-        return 2
-    written = [
-        (out / "ca.crt", None, "CA certificate (server: tls.clientCA; Cluster Autoscaler: cacert)"),
-        (out / "server.crt", out / "server.key", "server certificate and key (tls.cert, tls.key)"),
-        (out / "client.crt", out / "client.key", "client certificate and key (CA: cert, key)"),
-    ]
-    pki.ca.write(out / "ca.crt")
-    pki.server.write(out / "server.crt", out / "server.key")
-    pki.client.write(out / "client.crt", out / "client.key")
-    for cert_path, key_path, what in written:
-        files = f"{cert_path}" + (f", {key_path}" if key_path else "")
-        print(f"wrote {files}: {what}")
-    sans = ", ".join([*_unique([*LOOPBACK_DNS, *dns]), *_unique([*LOOPBACK_IPS, *ip])])
-    until = pki.server.cert.not_valid_after_utc.isoformat()
-    print(f"server names: {sans}; client name: {DEFAULT_CLIENT_NAME}; valid until {until}")
-    print("the CA key was not kept: run `certs` again to add names or renew (development only)")
-    return 0

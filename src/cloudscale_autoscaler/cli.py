@@ -1,5 +1,6 @@
-"""The `cloudscale-autoscaler` command line. Each subcommand lives in its own module; this file
-only parses arguments and dispatches, importing lazily so `--help` stays fast."""
+"""The `cloudscale-autoscaler` command line. Each subcommand lives in its own module of
+commands/; this file only parses arguments and dispatches, importing lazily so `--help` stays
+fast."""
 
 from __future__ import annotations
 
@@ -122,32 +123,32 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"cloudscale-autoscaler {__version__}")
         return 0
     if command == "serve":
-        from cloudscale_autoscaler.app import serve_command
+        from cloudscale_autoscaler.commands.serve import serve_command
 
         return serve_command(args.config)
     if command == "check-config":
-        from cloudscale_autoscaler.config_loader import check_config_command
+        from cloudscale_autoscaler.commands.check_config import run_check
 
-        return check_config_command(args.config, online=args.online)
+        return run_check(args.config, online=args.online)
     if command == "emulator":
-        from cloudscale_autoscaler.cloud.emulator.server import emulator_command
+        from cloudscale_autoscaler.commands.emulator import emulator_command
 
         token = getattr(args, "token", None)
         return emulator_command(args.listen, token, args.seed, args.boot_seconds)
     if command == "certs":
-        from cloudscale_autoscaler.certs import certs_command
+        from cloudscale_autoscaler.commands.certs import certs_command
 
         return certs_command(args.out, args.dns, args.ip)
     if command == "template":
-        from cloudscale_autoscaler.template.render import template_command
+        from cloudscale_autoscaler.commands.template import template_command
 
         return template_command(args.config, args.group, args.output)
     if command == "drift":
-        from cloudscale_autoscaler.kube.command import drift_command
+        from cloudscale_autoscaler.commands.drift import drift_command
 
         return drift_command(args.config, args.kubeconfig)
     if command == "demo":
-        from cloudscale_autoscaler.demo import demo_command
+        from cloudscale_autoscaler.commands.demo import demo_command
 
         return demo_command(once=args.once, certs_dir=args.certs_dir)
     raise AssertionError(f"unhandled command {command}")

@@ -58,7 +58,7 @@ from cloudscale_autoscaler.cloud.ratelimit import (
     backoff_delay,
     parse_retry_after,
 )
-from cloudscale_autoscaler.config import CloudscaleConfig
+from cloudscale_autoscaler.config.types import CloudscaleConfig
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from google.protobuf import duration_pb2
 
-from cloudscale_autoscaler.config import AutoscalingOptions
+from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
 

@@ -31,7 +31,8 @@ from decimal import Decimal
 from fractions import Fraction
 
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import Config, NodeGroupConfig, PricingConfig
+from cloudscale_autoscaler.config import Config, NodeGroupConfig
+from cloudscale_autoscaler.config.types import PricingConfig
 from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from cloudscale_autoscaler.config import Taint
+if TYPE_CHECKING:
+    # Annotations only: the config package imports this module to check user data.
+    from cloudscale_autoscaler.config.types import Taint
 
 PLACEHOLDERS = frozenset({"node_labels", "node_taints", "server_name", "group", "cluster"})
 

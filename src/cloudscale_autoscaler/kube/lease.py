@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from cloudscale_autoscaler.config import LeaderElectionConfig
+from cloudscale_autoscaler.config.types import LeaderElectionConfig
 from cloudscale_autoscaler.kube.api import KubeError, Obj
 from cloudscale_autoscaler.serving import Serving
 

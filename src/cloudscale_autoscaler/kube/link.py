@@ -19,7 +19,8 @@ from typing import TypeVar
 
 from kubernetes import client as k8s
 
-from cloudscale_autoscaler.config import Config, KubernetesConfig
+from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import KubernetesConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace

@@ -30,15 +30,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import KubeletConfig
 from cloudscale_autoscaler.template.quantity import (
     QuantityFormat,
     format_quantity,
     parse_percent,
     parse_quantity,
 )
+
+if TYPE_CHECKING:
+    # Annotations only: at run time template/ needs nothing of the config package, which
+    # imports template/ to check labels and quantities.
+    from cloudscale_autoscaler.config.types import KubeletConfig
 
 CPU = "cpu"
 MEMORY = "memory"

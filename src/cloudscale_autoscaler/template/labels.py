@@ -23,9 +23,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import NodeGroupConfig
+
+if TYPE_CHECKING:
+    # Annotations only: at run time template/ needs nothing of the config package, which
+    # imports template/ to check labels and quantities.
+    from cloudscale_autoscaler.config import NodeGroupConfig
 
 LABEL_OS = "kubernetes.io/os"
 LABEL_ARCH = "kubernetes.io/arch"

@@ -23,8 +23,9 @@ Decisions, with the reasons:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.template.allocatable import (
     node_allocatable,
@@ -37,6 +38,11 @@ from cloudscale_autoscaler.template.labels import (
     label_sources,
     template_name,
 )
+
+if TYPE_CHECKING:
+    # Annotations only: at run time template/ needs nothing of the config package, which
+    # imports template/ to check labels and quantities.
+    from cloudscale_autoscaler.config import NodeGroupConfig
 
 ANNOTATION_CLUSTER = "autoscaler.cloudscale.ch/cluster"
 ANNOTATION_GROUP = "autoscaler.cloudscale.ch/node-group"

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from cloudscale_autoscaler import _transport
-from cloudscale_autoscaler.configfile.yamlfile import MAX_DOCUMENT_BYTES, read_at_most
+from cloudscale_autoscaler.config.yamlfile import MAX_DOCUMENT_BYTES, read_at_most
 
 log = logging.getLogger(__name__)
 

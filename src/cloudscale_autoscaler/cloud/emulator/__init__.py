@@ -6,5 +6,6 @@ behaviours that are ASSUMPTIONS about the real API rather than confirmed facts.
 
 Modules: catalogue (flavors, images, zones, server groups), records (one server and its JSON),
 state (the store and its indexes), validation (DRF-shaped field errors), faults (the fault
-set), api (/v1 and its fault pipeline), admin (/_emulator), server (Emulator and the CLI).
+set), api (/v1 and its fault pipeline), admin (/_emulator), server (the aiohttp application
+and Emulator; commands/emulator.py runs it on its own).
 """

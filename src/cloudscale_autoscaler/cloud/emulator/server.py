@@ -1,10 +1,10 @@
-"""The emulator's aiohttp application, the in-process `Emulator` and the CLI command."""
+"""The emulator's aiohttp application and the in-process `Emulator` (run on its own by the
+`emulator` command, commands/emulator.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from types import TracebackType
 
 from aiohttp import web
@@ -117,43 +117,3 @@ def parse_listen(listen: str) -> tuple[str, int]:
         raise ValueError(f"--listen {listen!r}: expected HOST:PORT with a port 0-65535")
     host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
     return host, int(port_text)
-
-
-def emulator_command(listen: str, token: str | None, seed: int, boot_seconds: float) -> int:
-    """`cloudscale-autoscaler emulator`: serve until SIGINT/SIGTERM."""
-    try:
-        host, port = parse_listen(listen)
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
-    if boot_seconds < 0:
-        log.error("--boot-seconds %s: expected a number >= 0", boot_seconds)
-        return 2
-    return asyncio.run(_serve(host, port, token, seed, boot_seconds))
-
-
-async def _serve(host: str, port: int, token: str | None, seed: int, boot_seconds: float) -> int:
-    emulator = Emulator(token=token, seed=seed, boot_seconds=boot_seconds)
-    try:
-        await emulator.start(host, port)
-    except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", host, port, exc)
-        return 1
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
-    log.info(
-        "cloudscale.ch API emulator listening on %s (admin API %s, token %s, seed %d, boot %.1fs)",
-        emulator.url,
-        emulator.admin_url,
-        "required" if token else "not checked",
-        seed,
-        boot_seconds,
-    )
-    try:
-        await stopping.wait()
-    finally:
-        log.info("emulator stopping")
-        await emulator.stop()
-    return 0

@@ -1,6 +1,6 @@
 """The validated configuration: typed, immutable, and the only shape the rest of the code sees.
 
-`load_config` (in config_loader) turns YAML into these dataclasses or raises ConfigError with
+`load_config` (config.loader) turns YAML into these dataclasses or raises ConfigError with
 every problem found, each as `<path>: <reason>`.
 """
 

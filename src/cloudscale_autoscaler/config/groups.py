@@ -7,20 +7,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_DELETION, TAG_GROUP, TAG_REQUEST
-from cloudscale_autoscaler.config import AutoscalingOptions, NodeGroupConfig, Taint
-from cloudscale_autoscaler.configfile.interfaces import parse_interfaces
-from cloudscale_autoscaler.configfile.kubelet import BLOCK_KEYS, parse_kubelet
-from cloudscale_autoscaler.configfile.reader import (
-    Fields,
-    Issues,
-    child,
-    describe,
-    item,
-    resolve,
-)
-from cloudscale_autoscaler.configfile.yamlfile import FileProblem, read_text
-from cloudscale_autoscaler.template.labels import label_error
-from cloudscale_autoscaler.validation import (
+from cloudscale_autoscaler.config.interfaces import parse_interfaces
+from cloudscale_autoscaler.config.kubelet import BLOCK_KEYS, parse_kubelet
+from cloudscale_autoscaler.config.reader import Fields, Issues, child, describe, item, resolve
+from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
+from cloudscale_autoscaler.config.values import (
     TAINT_EFFECTS,
     dns_label_error,
     label_value_error,
@@ -28,6 +19,8 @@ from cloudscale_autoscaler.validation import (
     qualified_name_error,
     uuid_error,
 )
+from cloudscale_autoscaler.config.yamlfile import FileProblem, read_text
+from cloudscale_autoscaler.template.labels import label_error
 
 GROUP_KEYS = (
     "name",

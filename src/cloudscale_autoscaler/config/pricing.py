@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from cloudscale_autoscaler.config import NodeGroupConfig, PricingConfig
-from cloudscale_autoscaler.configfile.reader import Fields, child, describe, is_number, item
+from cloudscale_autoscaler.config.reader import Fields, child, describe, is_number, item
+from cloudscale_autoscaler.config.types import NodeGroupConfig, PricingConfig
 
 PRICING_KEYS = ("currency", "flavorsPerHour", "volumePerGBHour")
 _CURRENCY = re.compile(r"[A-Z]{3}")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cloudscale_autoscaler.validation import parse_go_duration, unknown_key_reason
+from cloudscale_autoscaler.config.values import parse_go_duration, unknown_key_reason
 
 # Keys printed bare in paths; anything else (dots, slashes) is quoted: labels["a.io/b"].
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")

@@ -14,7 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cloudscale_autoscaler.config import (
+from cloudscale_autoscaler.config.groups import GROUP_KEYS, parse_group
+from cloudscale_autoscaler.config.kubernetes import parse_kubernetes
+from cloudscale_autoscaler.config.pricing import check_group_prices, parse_pricing
+from cloudscale_autoscaler.config.reader import Fields, Issues, describe, item, resolve
+from cloudscale_autoscaler.config.types import (
     DEFAULT_API_URL,
     DEFAULT_GPU_LABEL,
     DEFAULT_LISTEN,
@@ -25,11 +29,15 @@ from cloudscale_autoscaler.config import (
     NodeGroupConfig,
     TLSConfig,
 )
-from cloudscale_autoscaler.configfile.groups import GROUP_KEYS, parse_group
-from cloudscale_autoscaler.configfile.kubernetes import parse_kubernetes
-from cloudscale_autoscaler.configfile.pricing import check_group_prices, parse_pricing
-from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item, resolve
-from cloudscale_autoscaler.configfile.yamlfile import (
+from cloudscale_autoscaler.config.values import (
+    LABEL_NAME_MAX,
+    dns_label_error,
+    http_url_error,
+    parse_go_duration,
+    parse_host_port,
+    qualified_name_error,
+)
+from cloudscale_autoscaler.config.yamlfile import (
     FileProblem,
     YamlProblem,
     parse_yaml,
@@ -39,14 +47,6 @@ from cloudscale_autoscaler.configfile.yamlfile import (
 from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
 from cloudscale_autoscaler.logs import register_secret
 from cloudscale_autoscaler.template.labels import gpu_label_error
-from cloudscale_autoscaler.validation import (
-    LABEL_NAME_MAX,
-    dns_label_error,
-    http_url_error,
-    parse_go_duration,
-    parse_host_port,
-    qualified_name_error,
-)
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +91,6 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
     # Defence in depth: mask the token in any log line, whatever path it takes there.
     register_secret(config.cloudscale.token)
     return config
-
-
-def check_config_command(path: Path, online: bool) -> int:
-    """`cloudscale-autoscaler check-config`: print a summary or every error (exit 2)."""
-    from cloudscale_autoscaler.configfile.check import run_check
-
-    return run_check(path, online)
 
 
 def _read_document(path: Path) -> dict[Any, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloudscale_autoscaler.config import PUBLIC_NETWORK, NetworkInterface, NodeGroupConfig
-from cloudscale_autoscaler.configfile.reader import Fields, Issues, describe, item
-from cloudscale_autoscaler.validation import uuid_error
+from cloudscale_autoscaler.config.reader import Fields, Issues, describe, item
+from cloudscale_autoscaler.config.types import PUBLIC_NETWORK, NetworkInterface, NodeGroupConfig
+from cloudscale_autoscaler.config.values import uuid_error
 
 ENTRY_KEYS = ("network", "subnet")
 # The API's own keys for fixed addresses, refused with a reason rather than "unknown key".

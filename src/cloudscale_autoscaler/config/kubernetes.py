@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudscale_autoscaler.config import KubernetesConfig, LeaderElectionConfig
-from cloudscale_autoscaler.configfile.reader import Fields, resolve
+from cloudscale_autoscaler.config.reader import Fields, resolve
+from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.config.values import dns_label_error, parse_go_duration
 from cloudscale_autoscaler.template.quantity import parse_percent
-from cloudscale_autoscaler.validation import dns_label_error, parse_go_duration
 
 KUBERNETES_KEYS = ("kubeconfig", "driftInterval", "driftTolerance", "leaderElection")
 LEADER_ELECTION_KEYS = (

@@ -11,21 +11,24 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
-from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
-from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, PricingConfig
-from cloudscale_autoscaler.config_loader import TOKEN_ENV
-from cloudscale_autoscaler.configfile.advice import config_warnings
-from cloudscale_autoscaler.configfile.interfaces import interfaces_text
-from cloudscale_autoscaler.configfile.kubernetes import kubernetes_text
-from cloudscale_autoscaler.configfile.network_check import (
+from cloudscale_autoscaler.catalogue_check import (
+    Catalogue,
+    catalogue_errors,
+    fetch_catalogue,
     interface_errors,
+    known,
     networks_to_check,
 )
-from cloudscale_autoscaler.configfile.pricing import price_text, pricing_text
+from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
+from cloudscale_autoscaler.cloud.models import Network, Subnet
+from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, load_config
+from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.interfaces import interfaces_text
+from cloudscale_autoscaler.config.kubernetes import kubernetes_text
+from cloudscale_autoscaler.config.loader import TOKEN_ENV
+from cloudscale_autoscaler.config.pricing import price_text, pricing_text
+from cloudscale_autoscaler.config.types import PricingConfig
 from cloudscale_autoscaler.logs import to_stderr
-from cloudscale_autoscaler.validation import uuid_error
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,6 @@ ONLINE_MAX_RETRIES = 1
 
 
 def run_check(path: Path, online: bool) -> int:
-    from cloudscale_autoscaler.config_loader import load_config
-
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -137,67 +138,6 @@ def summary(config: Config) -> str:
     return "\n".join(lines)
 
 
-def _known(slugs: Sequence[str]) -> str:
-    return ", ".join(sorted(slugs)) or "none"
-
-
-def _custom_image(image: str) -> bool:
-    """Custom images (`custom:<slug>` or a UUID) are not in /v1/images; they are not checked."""
-    return image.startswith("custom:") or uuid_error(image) is None
-
-
-def _zone_errors(at: str, kind: str, slug: str, zones: tuple[str, ...], zone: str) -> list[str]:
-    # An empty zone list means the API did not say: assume available everywhere.
-    if not zones or zone in zones:
-        return []
-    return [
-        f'{at}: {kind} "{slug}" is not available in zone "{zone}" (available in: {_known(zones)})'
-    ]
-
-
-def catalogue_errors(
-    groups: Sequence[NodeGroupConfig],
-    flavors: Sequence[Flavor],
-    images: Sequence[Image],
-    regions: Sequence[Region],
-) -> list[str]:
-    """Every group's flavor, image and zone checked against the API's catalogue."""
-    by_flavor = {flavor.slug: flavor for flavor in flavors}
-    by_image = {image.slug: image for image in images}
-    zones = sorted({zone for region in regions for zone in region.zones})
-    errors: list[str] = []
-    for index, group in enumerate(groups):
-        at = f"nodeGroups[{index}]"
-        flavor = by_flavor.get(group.flavor)
-        if flavor is None:
-            errors.append(
-                f'{at}.flavor: unknown flavor "{group.flavor}" (known: {_known(list(by_flavor))})'
-            )
-        custom = _custom_image(group.image)
-        image = None if custom else by_image.get(group.image)
-        if image is None and not custom:
-            errors.append(
-                f'{at}.image: unknown image "{group.image}" (known: {_known(list(by_image))})'
-            )
-        if group.zone is None:
-            continue
-        if group.zone not in zones:
-            errors.append(f'{at}.zone: unknown zone "{group.zone}" (known: {_known(zones)})')
-            continue
-        if flavor is not None:
-            errors += _zone_errors(f"{at}.flavor", "flavor", flavor.slug, flavor.zones, group.zone)
-        if image is not None:
-            errors += _zone_errors(f"{at}.image", "image", image.slug, image.zones, group.zone)
-    return errors
-
-
-Catalogue = tuple[list[Flavor], list[Image], list[Region]]
-
-
-async def fetch_catalogue(cloud: Cloud) -> Catalogue:
-    return await cloud.list_flavors(), await cloud.list_images(), await cloud.list_regions()
-
-
 async def _fetch_online(
     config: Config,
 ) -> tuple[Catalogue, tuple[list[Network], list[Subnet]]]:
@@ -233,6 +173,6 @@ def _online(config: Config) -> int:
         return EXIT_INVALID
     print(
         f"online check against {url}: OK ({_count(len(flavors), 'flavor')}, "
-        f"{_count(len(images), 'image')}, zones {_known([z for r in regions for z in r.zones])})"
+        f"{_count(len(images), 'image')}, zones {known([z for r in regions for z in r.zones])})"
     )
     return EXIT_OK

@@ -1,0 +1,29 @@
+"""`cloudscale-autoscaler serve --config FILE`: load the config and run the provider (app.py)
+until SIGTERM or SIGINT.
+
+Exit codes: 0 = stopped by a signal, 1 = could not start (TLS files, the listen address, the
+Kubernetes side), 2 = invalid config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from cloudscale_autoscaler.app import run
+from cloudscale_autoscaler.config import ConfigError, load_config
+from cloudscale_autoscaler.logs import to_stderr
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_CONFIG = 2
+
+
+def serve_command(config_path: Path) -> int:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        to_stderr(log, logging.ERROR, f"{exc.source}: invalid config", exc.errors)
+        return EXIT_BAD_CONFIG
+    return asyncio.run(run(config))

@@ -1,0 +1,246 @@
+"""The product's module graph: no import circle, and no library module importing a command.
+
+Read from the source with `ast`, not by importing: every import of a product module counts
+wherever it stands (a function-level import runs as surely as a top-level one, only later),
+except those under `if TYPE_CHECKING:`, which never run. Importing `a.b.c` also runs the
+`__init__` of `a.b` (unless the importer is inside `a.b`, whose `__init__` is already running),
+so that counts as an import of `a.b` too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "cloudscale_autoscaler"
+SOURCE = Path(__file__).resolve().parent.parent / "src" / PACKAGE
+# The generated protobuf code imports only protobuf and its own siblings.
+GENERATED = f"{PACKAGE}.protos"
+COMMANDS = f"{PACKAGE}.commands"
+# What runs commands: the argument parser and `python -m`.
+ENTRY_POINTS = {f"{PACKAGE}.cli", f"{PACKAGE}.__main__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {_module_name(path): path for path in SOURCE.rglob("*.py")}
+    return {name: path for name, path in found.items() if not _within(name, GENERATED)}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: all but the body of `if TYPE_CHECKING:`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for branch in node.orelse:
+                yield from _runtime_imports(ast.Module(body=[branch], type_ignores=[]))
+            continue
+        yield from _runtime_imports(node)
+
+
+def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` names, relative levels resolved."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join([*anchor, node.module] if node.module else anchor)
+
+
+def _targets(module: str, path: Path, known: set[str]) -> set[str]:
+    """The product modules `module` imports: a submodule a `from` names, or the module whose
+    namespace a name is read from."""
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+            continue
+        base = _base(module, is_package, node)
+        for alias in node.names:
+            submodule = f"{base}.{alias.name}"
+            targets.add(submodule if submodule in known else base)
+    return {target for target in targets if target in known}
+
+
+def _with_packages(module: str, targets: set[str], known: set[str]) -> set[str]:
+    """The targets plus the packages whose `__init__` importing them runs: all above each
+    target but those `module` is in (their `__init__` is already running)."""
+    own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    out = set(targets)
+    for target in targets:
+        parts = target.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return {name for name in out if name in known and (name in targets or name not in own)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph = {}
+    for module, path in modules.items():
+        targets = _with_packages(module, _targets(module, path, known), known)
+        graph[module] = targets - {module}
+    return graph
+
+
+def tangles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every
+    module of one reaches every other, so each sits on an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One shortest circle from the tangle's first module back to itself."""
+    members = set(component)
+    start = component[0]
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for succ in sorted(graph[node] & members):
+                if succ == start:
+                    return [*paths[node], start]
+                if succ not in paths:
+                    paths[succ] = [*paths[node], succ]
+                    following.append(succ)
+        frontier = following
+    return component
+
+
+def _short(module: str) -> str:
+    return module.removeprefix(PACKAGE + ".")
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    found = tangles(graph)
+    report = [
+        f"{' -> '.join(_short(m) for m in circle(graph, tangle))}  "
+        f"(the tangle: {', '.join(_short(m) for m in tangle)})"
+        for tangle in found
+    ]
+    assert not found, "import circle(s) among the product's modules:\n" + "\n".join(report)
+
+
+def test_no_library_module_imports_a_command() -> None:
+    graph = import_graph()
+    assert any(_within(module, COMMANDS) for module in graph), f"{COMMANDS} is missing"
+    offenders = [
+        f"{_short(module)} imports {_short(target)}"
+        for module, targets in sorted(graph.items())
+        if not _within(module, COMMANDS) and module not in ENTRY_POINTS
+        for target in sorted(targets)
+        if _within(target, COMMANDS)
+    ]
+    assert not offenders, "library modules importing a command:\n" + "\n".join(offenders)
+
+
+# What template/ may run: the flavor's model and itself (its config types are annotations).
+TEMPLATE = f"{PACKAGE}.template"
+TEMPLATE_MAY_IMPORT = (TEMPLATE, f"{PACKAGE}.cloud.models", f"{PACKAGE}.cloud")
+
+
+def test_template_is_pure() -> None:
+    """A group's settings and a flavor in, a Node out: no config loader, no kube/, no API."""
+    graph = import_graph()
+    assert TEMPLATE in graph
+    offenders = [
+        f"{_short(module)} imports {_short(target)}"
+        for module, targets in sorted(graph.items())
+        if _within(module, TEMPLATE)
+        for target in sorted(targets)
+        if not any(
+            target == allowed or _within(target, TEMPLATE) for allowed in TEMPLATE_MAY_IMPORT
+        )
+    ]
+    assert not offenders, "template/ importing more than it may:\n" + "\n".join(offenders)
+
+
+# The graph reader itself, on sources written here: each must find what it should, or the
+# tests above could pass by reading nothing.
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from cloudscale_autoscaler.config import Config", {"config"}),
+        ("from cloudscale_autoscaler.config.types import Taint", {"config.types", "config"}),
+        ("import cloudscale_autoscaler.config.types", {"config.types", "config"}),
+        ("from cloudscale_autoscaler.config import types", {"config.types", "config"}),
+        ("def f():\n    from cloudscale_autoscaler.config import Config", {"config"}),
+        ("from .quantity import parse_quantity", {"template.quantity"}),
+        ("from . import quantity", {"template.quantity"}),
+        ("from . import ARCH", {"template"}),
+        ("from ..config import Config", {"config"}),
+        ("if TYPE_CHECKING:\n    from cloudscale_autoscaler.config import Config", set()),
+        (
+            "if typing.TYPE_CHECKING:\n    import cloudscale_autoscaler.config\n"
+            "else:\n    import cloudscale_autoscaler.echo",
+            {"echo"},
+        ),
+    ],
+)
+def test_reader_finds_runtime_imports(tmp_path: Path, source: str, expected: set[str]) -> None:
+    names = ("config", "config.types", "echo", "template", "template.quantity", "template.labels")
+    known = {f"{PACKAGE}.{name}" for name in names}
+    path = tmp_path / "labels.py"
+    path.write_text(source + "\n")
+    module = f"{PACKAGE}.template.labels"
+    found = _with_packages(module, _targets(module, path, known), known)
+    assert {_short(name) for name in found} == expected
+
+
+def test_tangles_and_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c", "e"}, "c": {"a"}, "d": {"a"}, "e": {"b"}}
+    assert tangles(graph) == [["a", "b", "c", "e"]]
+    assert circle(graph, ["a", "b", "c", "e"]) == ["a", "b", "c", "a"]
+    assert tangles({"a": {"b"}, "b": set()}) == []

@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.autoscaler import GENERATIONS, ensure_autoscaler
 from fixtures.cluster import KWOK_ANNOTATION, Cluster, running_cluster
-from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.emulator import AUTH_HEADERS, TOKEN, RunningEmulator
 from fixtures.kube import NEEDS_KUBE, running_kube
 from fixtures.stack import wait_until
 from fixtures.tls import PKI
@@ -56,9 +59,22 @@ NEWEST = VERSIONS[-2:]
 EXTENDED = pytest.mark.ca_extended
 
 
+# What a real node's user data hands its kubelet; the stand-in reads the flags back.
+KUBELET_USER_DATA = """#cloud-config
+runcmd:
+  - kubelet --node-labels=${node_labels} --register-with-taints=${node_taints}
+"""
+GPU_LABEL = "cloudscale.ch/gpu"  # the provider's default gpuLabel
+NVIDIA_GPU = "nvidia.com/gpu"
+# How long after its Node registers a GPU server's device plugin reports the GPUs: CA must
+# count such a Node as still starting (it carries the GPU label), not scale up again.
+DEVICE_PLUGIN_SECONDS = 10.0
+
+
 def group(name: str, **fields: Any) -> dict[str, Any]:
     return {"name": name, "minSize": 0, "maxSize": 5, "flavor": "flex-4-2",
-            "image": "debian-12", "zone": "lpg1", **fields}  # fmt: skip
+            "image": "debian-12", "zone": "lpg1", "userData": KUBELET_USER_DATA,
+            **fields}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +94,38 @@ async def cluster(loopback_cluster: Cluster) -> AsyncIterator[Cluster]:
     await clean(loopback_cluster)
 
 
-def node_for(server: dict[str, Any]) -> dict[str, Any]:
+def kubelet_flag(user_data: str | None, flag: str) -> list[str]:
+    """The comma-separated values of `--<flag>=` in a server's user data."""
+    found = re.search(rf"--{flag}=(\S*)", user_data or "")
+    return [item for item in (found.group(1) if found else "").split(",") if item]
+
+
+def taint(text: str) -> dict[str, str]:
+    """`key=value:Effect` or `key:Effect`, as `--register-with-taints` takes it."""
+    head, effect = text.rsplit(":", 1)
+    key, _, value = head.partition("=")
+    return (
+        {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+    )
+
+
+def node_for(server: dict[str, Any], user_data: str | None) -> dict[str, Any]:
     """What the CCM and the kubelet register for a booted server (kubelet defaults: no
-    reservations, evictionHard memory.available 100Mi, 110 pods). Not Ready yet, as a kubelet
+    reservations, evictionHard memory.available 100Mi, 110 pods; the labels and taints its
+    user data passes with --node-labels and --register-with-taints). Not Ready yet, as a kubelet
     registers: with no Ready condition at all, the node lifecycle controller would lift the
-    not-ready taint at once and the scheduler bind pods before kwok takes the Node over."""
+    not-ready taint at once and the scheduler bind pods before kwok takes the Node over. No
+    GPUs yet either: the device plugin reports them later (`gpus_reported`)."""
     zone = server["zone"]["slug"]
     flavor = server["flavor"]
     memory_mi = flavor["memory_gb"] * 1024
+    labels = dict(item.split("=", 1) for item in kubelet_flag(user_data, "node-labels"))
     return {
         "metadata": {
             "name": server["name"],
             "annotations": {KWOK_ANNOTATION: "fake"},
             "labels": {
+                **labels,
                 "kubernetes.io/hostname": server["name"],
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
@@ -99,7 +134,10 @@ def node_for(server: dict[str, Any]) -> dict[str, Any]:
                 "topology.kubernetes.io/region": zone.rstrip("0123456789"),
             },
         },
-        "spec": {"providerID": f"cloudscale://{server['uuid']}"},
+        "spec": {
+            "providerID": f"cloudscale://{server['uuid']}",
+            "taints": [taint(t) for t in kubelet_flag(user_data, "register-with-taints")],
+        },
         "status": {
             "capacity": {"cpu": str(flavor["vcpu_count"]), "memory": f"{memory_mi}Mi",
                          "pods": "110"},
@@ -111,18 +149,44 @@ def node_for(server: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def gpus_reported(node: k8s.V1Node, gpus: int) -> dict[str, Any]:
+    """The status patch of the NVIDIA device plugin registering `gpus` GPUs."""
+    count = str(gpus)
+    return {"status": {"capacity": {**node.status.capacity, NVIDIA_GPU: count},
+                       "allocatable": {**node.status.allocatable, NVIDIA_GPU: count}}}  # fmt: skip
+
+
+async def gpu_counts(emulator: RunningEmulator) -> dict[str, int]:
+    """Each flavor's GPU count, as the API's flavor list gives it."""
+    async with httpx.AsyncClient(base_url=emulator.url, headers=AUTH_HEADERS) as api:
+        flavors = (await api.get("/flavors")).raise_for_status().json()
+    return {f["slug"]: f["gpu"]["count"] for f in flavors if f.get("gpu")}
+
+
 async def kubelets(cluster: Cluster, emulator: RunningEmulator) -> None:
-    """Nodes follow the emulator's running servers, until cancelled."""
+    """Nodes follow the emulator's running servers, until cancelled; a GPU server's GPUs
+    appear DEVICE_PLUGIN_SECONDS after its Node."""
     api = cluster.core()
+    gpus = await gpu_counts(emulator)
+    loop = asyncio.get_running_loop()
+    registered: dict[str, float] = {}
     while True:
         servers = {s["name"]: s for s in await emulator.admin.servers() if s["status"] == "running"}
-        nodes = await asyncio.to_thread(api.list_node)
-        present = {node.metadata.name for node in nodes.items}
-        for name in servers.keys() - present:
-            await asyncio.to_thread(api.create_node, node_for(servers[name]))
-        for name in present - servers.keys():
+        nodes = {n.metadata.name: n for n in (await asyncio.to_thread(api.list_node)).items}
+        if servers.keys() - nodes.keys():
+            user_data = await emulator.admin.user_data()
+        for name in servers.keys() - nodes.keys():
+            server = servers[name]
+            await asyncio.to_thread(api.create_node, node_for(server, user_data[server["uuid"]]))
+            registered[name] = loop.time()
+        for name in nodes.keys() - servers.keys():
             with contextlib.suppress(k8s.ApiException):
                 await asyncio.to_thread(api.delete_node, name)
+        for name, node in nodes.items():
+            count = gpus.get(node.metadata.labels.get("node.kubernetes.io/instance-type", ""))
+            late = loop.time() - registered.get(name, loop.time()) >= DEVICE_PLUGIN_SECONDS
+            if count and late and NVIDIA_GPU not in (node.status.capacity or {}):
+                await asyncio.to_thread(api.patch_node_status, name, gpus_reported(node, count))
         await asyncio.sleep(0.5)
 
 
@@ -173,14 +237,17 @@ async def clean(cluster: Cluster) -> None:
     core, apps = cluster.core(), k8s.AppsV1Api(cluster.kube.client())
     with contextlib.suppress(k8s.ApiException):
         await asyncio.to_thread(apps.delete_namespaced_deployment, "load", "default")
+    # The ReplicaSet too, at once: left to the garbage collector, it went up to a minute later
+    # and kept replacing the Pods deleted below until then.
+    await asyncio.to_thread(apps.delete_collection_namespaced_replica_set, "default",
+                            label_selector="app=load")  # fmt: skip
     for name in (STATUS, PRIORITIES):
         with contextlib.suppress(k8s.ApiException):
             await asyncio.to_thread(core.delete_namespaced_config_map, name, NAMESPACE)
 
     async def empty() -> bool:
-        # Deleted again at every look: until the garbage collector has removed the
-        # Deployment's ReplicaSet, it replaces the Pods deleted before. Forced: the Pods'
-        # Nodes go too, and nothing would finish a graceful deletion then.
+        # Deleted again at every look, in case the ReplicaSet replaced some before it went.
+        # Forced: the Pods' Nodes go too, and nothing would finish a graceful deletion then.
         await asyncio.to_thread(core.delete_collection_namespaced_pod, "default",
                                 label_selector="app=load", grace_period_seconds=0)  # fmt: skip
         await asyncio.to_thread(core.delete_collection_node)
@@ -191,6 +258,15 @@ async def clean(cluster: Cluster) -> None:
         return not pods.items and not nodes.items
 
     await wait_until(empty, 60, "the load's Pods and the Nodes never went")
+
+
+@dataclass
+class Scene:
+    """A scenario's running parts: CA, and our provider (replaced when a test restarts it)."""
+
+    ca: Autoscaler
+    provider: ServeProcess
+    config: Path
 
 
 @contextlib.asynccontextmanager
@@ -204,7 +280,7 @@ async def scene(
     *,
     flags: tuple[str, ...] = (),
     **provider_config: Any,
-) -> AsyncIterator[Autoscaler]:
+) -> AsyncIterator[Scene]:
     """Our provider serving `groups`, the CCM/kubelet stand-in, and CA `version` with `flags`
     on top of the common ones."""
     config = write_config(directory / "provider", pki, emulator.url, TOKEN, cluster=CLUSTER,
@@ -212,15 +288,16 @@ async def scene(
     provider = await start_serve(config, log_level="info")
     stand_in = asyncio.create_task(kubelets(cluster, emulator))
     ca = start_autoscaler(version, cluster, provider, pki, directory, flags)
+    running = Scene(ca, provider, config)
     try:
-        yield ca
+        yield running
     finally:
         ca.process.terminate()
         ca.process.wait(30)
         stand_in.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stand_in
-        await provider.kill()
+        await running.provider.kill()
 
 
 async def servers_of(emulator: RunningEmulator, name: str) -> list[dict[str, Any]]:
@@ -230,7 +307,11 @@ async def servers_of(emulator: RunningEmulator, name: str) -> list[dict[str, Any
     ]  # fmt: skip
 
 
-def pending_pods(count: int) -> dict[str, Any]:
+def pending_pods(count: int, gpus: int = 0) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": POD_CPU, "memory": "100Mi"}}
+    if gpus:
+        # An extended resource is asked for by its limit (the request follows it).
+        resources["limits"] = {NVIDIA_GPU: str(gpus)}
     return {
         "metadata": {"name": "load"},
         "spec": {
@@ -238,18 +319,17 @@ def pending_pods(count: int) -> dict[str, Any]:
             "selector": {"matchLabels": {"app": "load"}},
             "template": {
                 "metadata": {"labels": {"app": "load"}},
-                "spec": {"containers": [{
-                    "name": "load", "image": "load",
-                    "resources": {"requests": {"cpu": POD_CPU, "memory": "100Mi"}},
-                }]},
+                "spec": {"containers": [{"name": "load", "image": "load",
+                                         "resources": resources}]},
             },
         },
     }  # fmt: skip
 
 
-async def load(cluster: Cluster, replicas: int) -> None:
+async def load(cluster: Cluster, replicas: int, gpus: int = 0) -> None:
     apps = k8s.AppsV1Api(cluster.kube.client())
-    await asyncio.to_thread(apps.create_namespaced_deployment, "default", pending_pods(replicas))
+    deployment = pending_pods(replicas, gpus)
+    await asyncio.to_thread(apps.create_namespaced_deployment, "default", deployment)
 
 
 async def load_pods(cluster: Cluster) -> list[k8s.V1Pod]:
@@ -282,8 +362,10 @@ async def test_scale_from_zero_then_down_as_ca_decides(
     """No autoscalingOptions: on CA 1.35+ they would make the NotReady new nodes unready at
     once (MaxNodeStartupTime 0, upstream #10245) and CA scale up again (README, Troubleshooting)."""
     await load(cluster, PODS)
+    unneeded = f"--scale-down-unneeded-time={UNNEEDED_SECONDS}s"
     async with scene(version, [group("workers")], cluster, pki, emulator, tmp_path,
-                     flags=(f"--scale-down-unneeded-time={UNNEEDED_SECONDS}s",)) as ca:  # fmt: skip
+                     flags=(unneeded,)) as running:  # fmt: skip
+        ca = running.ca
         await wait_all_running(cluster, ca, PODS, "the pending pods never ran on new nodes")
         assert len(await servers_of(emulator, "workers")) == PODS, "one node per pod, as asked"
         assert "workers 0->3 (max: 5)" in ca.output, ca.output[-4000:]
@@ -322,54 +404,148 @@ REFUSALS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("version", "refusal"),
-    [
-        pytest.param(version, "instant", marks=() if version in NEWEST else EXTENDED)
-        for version in VERSIONS
+@dataclass(frozen=True)
+class Shortage:
+    """A resource the preferred group cannot get, and a spare group that still gets it."""
+
+    faults: dict[str, Any]
+    preferred: dict[str, Any]
+    spare: dict[str, Any]
+    pods: int
+    code: str
+
+
+SHORTAGES = {
+    # lpg1 has no capacity left; rma1 has.
+    "capacity": Shortage(
+        {"zones_out_of_capacity": ["lpg1"]},
+        group("lpg-workers", zone="lpg1"),
+        group("rma-workers", zone="rma1"),
+        PODS,
+        "ZONE_CAPACITY_EXHAUSTED",
+    ),
+    # The account's quota leaves 3 vCPUs: a 4-vCPU server is refused, a 2-vCPU one is not.
+    "quota": Shortage(
+        {"quota": {"max_vcpus": 3}},
+        group("big-workers", flavor="flex-8-4"),
+        group("small-workers", flavor="flex-4-2"),
+        1,
+        "QUOTA_EXCEEDED",
+    ),
+}
+
+
+def shortage_cases() -> list[Any]:
+    """Capacity refused at once on every generation (plain run: the two newest); the rest on
+    the two newest, in `pytest -m ca`."""
+    cases = [
+        pytest.param(v, "capacity", "instant", marks=() if v in NEWEST else EXTENDED)
+        for v in VERSIONS
     ]
-    + [pytest.param(version, "slow", marks=EXTENDED) for version in NEWEST],
-)
-async def test_out_of_capacity_zone_backs_off_and_the_other_group_takes_over(
+    cases += [pytest.param(v, "capacity", "slow", marks=EXTENDED) for v in NEWEST]
+    cases += [
+        pytest.param(v, "quota", refusal, marks=EXTENDED) for v in NEWEST for refusal in REFUSALS
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(("version", "shortage", "refusal"), shortage_cases())
+async def test_a_refused_group_backs_off_and_the_other_group_takes_over(
     version: str,
+    shortage: str,
     refusal: str,
     cluster: Cluster,
     pki: PKI,
     emulator: RunningEmulator,
     tmp_path: Path,
 ) -> None:
-    """lpg1 has no capacity: CA tries the group it prefers there, sees our OutOfResources
-    placeholders, backs that group off and scales the group in rma1 instead."""
-    full, spare = group("lpg-workers", zone="lpg1"), group("rma-workers", zone="rma1")
-    await emulator.admin.set_faults({"zones_out_of_capacity": ["lpg1"], **REFUSALS[refusal]})
+    """The API refuses the group CA prefers (a zone out of capacity, a full quota): CA sees our
+    OutOfResources placeholders, backs that group off and scales the spare group instead."""
+    case = SHORTAGES[shortage]
+    full, spare = case.preferred["name"], case.spare["name"]
+    await emulator.admin.set_faults({**case.faults, **REFUSALS[refusal]})
     await asyncio.to_thread(cluster.core().create_namespaced_config_map, NAMESPACE,
-                            priorities(full["name"], spare["name"]))  # fmt: skip
-    await load(cluster, PODS)
-    async with scene(version, [full, spare], cluster, pki, emulator, tmp_path,
-                     flags=("--expander=priority",)) as ca:  # fmt: skip
-        await wait_all_running(cluster, ca, PODS, "the pods never ran on the other group's nodes")
+                            priorities(full, spare))  # fmt: skip
+    await load(cluster, case.pods)
+    async with scene(version, [case.preferred, case.spare], cluster, pki, emulator, tmp_path,
+                     flags=("--expander=priority",)) as running:  # fmt: skip
+        ca = running.ca
+        await wait_all_running(cluster, ca, case.pods, "the pods never ran on the spare group")
         output = ca.output
-        assert "lpg-workers 0->3 (max: 5)" in output, "CA never tried the preferred group first"
-        assert "Disabling scale-up for node group lpg-workers" in output, output[-4000:]
-        assert "errorClass=OutOfResource; errorCode=ZONE_CAPACITY_EXHAUSTED" in output
-        assert "rma-workers 0->3 (max: 5)" in output
+        assert f"{full} 0->{case.pods} (max: 5)" in output, "CA never tried its preferred group"
+        assert f"Disabling scale-up for node group {full}" in output, output[-4000:]
+        assert f"errorClass=OutOfResource; errorCode={case.code}" in output
+        assert f"{spare} 0->{case.pods} (max: 5)" in output
 
         async def backed_off_and_rolled_back() -> bool:
             # CA deleted the placeholders (DeleteNodes), so the group's target is 0 again.
-            entry = (await node_groups_status(cluster))["lpg-workers"]
+            entry = (await node_groups_status(cluster))[full]
             scale_up = entry["scaleUp"]
             return (
                 scale_up["status"] == "Backoff"
-                and scale_up.get("backoffInfo", {}).get("errorCode") == "ZONE_CAPACITY_EXHAUSTED"
+                and scale_up.get("backoffInfo", {}).get("errorCode") == case.code
                 and entry["health"]["cloudProviderTarget"] == 0
             )
 
-        await wait_until(backed_off_and_rolled_back, 30, "lpg-workers never showed as backed off")
+        await wait_until(backed_off_and_rolled_back, 30, f"{full} never showed as backed off")
 
-        rma = {s["name"] for s in await servers_of(emulator, spare["name"])}
-        assert {pod.spec.node_name for pod in await load_pods(cluster)} <= rma
-        assert len(rma) == PODS
-        assert await servers_of(emulator, full["name"]) == [], "nothing of lpg-workers is left"
+        nodes = {s["name"] for s in await servers_of(emulator, spare)}
+        assert {pod.spec.node_name for pod in await load_pods(cluster)} <= nodes
+        assert len(nodes) == case.pods
+        assert await servers_of(emulator, full) == [], f"nothing of {full} is left"
+
+
+@pytest.mark.parametrize("version", [pytest.param(v, marks=EXTENDED) for v in NEWEST])
+async def test_a_gpu_group_scales_from_zero_for_a_gpu_pod_once(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """A pod asking for a GPU: CA picks the GPU group (its template has the flavor's GPU) and
+    makes one server. The Node comes up without GPUs until the device plugin reports them; it
+    carries our GPU label (from the user data), so CA counts it as still starting and does not
+    scale up a second time."""
+    gpu = group("gpu-workers", flavor="gpu2-128-16-1-200", zone="rma1", maxSize=3)
+    await load(cluster, 1, gpus=1)
+    async with scene(version, [group("workers"), gpu], cluster, pki, emulator,
+                     tmp_path) as running:  # fmt: skip
+        ca = running.ca
+        await wait_all_running(cluster, ca, 1, "the GPU pod never ran")
+        [server] = await servers_of(emulator, "gpu-workers")
+        assert await servers_of(emulator, "workers") == []
+        assert "gpu-workers 0->1 (max: 3)" in ca.output, ca.output[-4000:]
+        node = await asyncio.to_thread(cluster.core().read_node, server["name"])
+        assert node.metadata.labels.get(GPU_LABEL), "the GPU label never reached the kubelet"
+        # A few more loops with the GPU in use: still one server.
+        await asyncio.sleep(6)
+        ca.alive()
+        assert len(await servers_of(emulator, "gpu-workers")) == 1, ca.output[-4000:]
+        assert "gpu-workers 1->2" not in ca.output
+
+
+@pytest.mark.parametrize("version", [pytest.param(v, marks=EXTENDED) for v in NEWEST])
+async def test_a_provider_crash_during_a_scale_up_loses_and_doubles_nothing(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Our provider is killed while its creates are on their way (the API answers each after
+    3 s) and started again: the servers created meanwhile are found by their tags, CA's plan is
+    carried out once, with no server lost, orphaned or made twice."""
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+    await load(cluster, PODS)
+    async with scene(version, [group("workers")], cluster, pki, emulator,
+                     tmp_path) as running:  # fmt: skip
+        ca = running.ca
+
+        async def creating() -> bool:
+            ca.alive()
+            return (await emulator.admin.in_flight()).get("create_server", 0) > 0
+
+        await wait_until(creating, 60, "CA never scaled up")
+        await running.provider.kill()
+        running.provider = await start_serve(running.config, log_level="info")
+        await wait_all_running(cluster, ca, PODS, "the pods never ran after the restart")
+        servers = await emulator.admin.servers()
+        assert len(servers) == PODS, [s["name"] for s in servers]
+        assert all(s["tags"].get(TAG_GROUP) == "workers" for s in servers)
+        assert ca.output.count("workers 0->3 (max: 5)") == 1, ca.output[-4000:]
 
 
 @pytest.mark.parametrize("version", NEWEST)
@@ -386,7 +562,8 @@ async def test_price_expander_picks_the_cheaper_group(
                             priorities(dear["name"], cheap["name"]))  # fmt: skip
     await load(cluster, PODS)
     async with scene(version, [cheap, dear], cluster, pki, emulator, tmp_path,
-                     flags=("--expander=price,priority",), pricing=pricing) as ca:  # fmt: skip
+                     flags=("--expander=price,priority",), pricing=pricing) as running:  # fmt: skip
+        ca = running.ca
         await wait_all_running(cluster, ca, PODS, "the pending pods never ran on new nodes")
         assert "flex-workers 0->3 (max: 5)" in ca.output, ca.output[-4000:]
         flex = {s["name"] for s in await servers_of(emulator, cheap["name"])}

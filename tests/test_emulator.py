@@ -555,6 +555,19 @@ async def test_admin_servers_create_and_delete(
     assert missing.value.response.status_code == 404
 
 
+async def test_admin_shows_the_user_data_each_create_request_gave(
+    emulator: RunningEmulator, emulator_client: httpx.AsyncClient
+) -> None:
+    """The API never returns user_data; the admin API does, for tests that play the kubelet."""
+    booted = (await create(emulator_client, name="n1", user_data="#cloud-config\n")).json()
+    bare = (await create(emulator_client, name="n2")).json()
+    assert "user_data" not in booted
+    assert await emulator.admin.user_data() == {
+        booted["uuid"]: "#cloud-config\n",
+        bare["uuid"]: None,
+    }
+
+
 async def test_populate_creates_running_servers_with_tags(
     emulator_client: httpx.AsyncClient, emulator_admin: EmulatorAdmin
 ) -> None:

@@ -29,6 +29,7 @@ def add_routes(app: web.Application) -> None:
     router.add_get(f"{PREFIX}/servers", servers)
     router.add_post(f"{PREFIX}/servers", create_server)
     router.add_delete(f"{PREFIX}/servers/{{uuid}}", delete_server)
+    router.add_get(f"{PREFIX}/user-data", user_data)
     router.add_post(f"{PREFIX}/populate", populate)
     router.add_get(f"{PREFIX}/deletions", deletions)
     router.add_get(f"{PREFIX}/stats", stats)
@@ -56,6 +57,14 @@ async def delete_server(request: web.Request) -> web.Response:
     if not request.app[STATE].delete(request.match_info["uuid"], "admin"):
         raise detail(404, NOT_FOUND)
     return no_content()
+
+
+async def user_data(request: web.Request) -> web.Response:
+    """Each server's user_data as its create request gave it (the API never shows it again):
+    what a test's stand-in kubelet reads its --node-labels and --register-with-taints from."""
+    state = request.app[STATE]
+    state.purge()
+    return json_value({record.uuid: record.user_data for record in state.servers.values()})
 
 
 async def populate(request: web.Request) -> web.Response:

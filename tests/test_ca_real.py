@@ -54,9 +54,6 @@ VERSIONS = list(GENERATIONS)
 # CI time: the scenarios whose wire does not change across generations run on the two newest
 # (the slow refusal is our provider's path; the price expander's calls are the same since 1.34.2).
 NEWEST = VERSIONS[-2:]
-# The plain `pytest` run (CI) leaves out the scenarios marked ca_extended (pyproject's addopts:
-# each takes one to two minutes); `pytest -m ca` runs them all.
-EXTENDED = pytest.mark.ca_extended
 
 
 # What a real node's user data hands its kubelet; the stand-in reads the flags back.
@@ -435,18 +432,11 @@ SHORTAGES = {
 }
 
 
-def shortage_cases() -> list[Any]:
-    """Capacity refused at once on every generation (plain run: the two newest); the rest on
-    the two newest, in `pytest -m ca`."""
-    cases = [
-        pytest.param(v, "capacity", "instant", marks=() if v in NEWEST else EXTENDED)
-        for v in VERSIONS
-    ]
-    cases += [pytest.param(v, "capacity", "slow", marks=EXTENDED) for v in NEWEST]
-    cases += [
-        pytest.param(v, "quota", refusal, marks=EXTENDED) for v in NEWEST for refusal in REFUSALS
-    ]
-    return cases
+def shortage_cases() -> list[tuple[str, str, str]]:
+    """Capacity refused at once on every generation; the rest on the two newest."""
+    cases = [(v, "capacity", "instant") for v in VERSIONS]
+    cases += [(v, "capacity", "slow") for v in NEWEST]
+    return cases + [(v, "quota", refusal) for v in NEWEST for refusal in REFUSALS]
 
 
 @pytest.mark.parametrize(("version", "shortage", "refusal"), shortage_cases())
@@ -495,7 +485,7 @@ async def test_a_refused_group_backs_off_and_the_other_group_takes_over(
         assert await servers_of(emulator, full) == [], f"nothing of {full} is left"
 
 
-@pytest.mark.parametrize("version", [pytest.param(v, marks=EXTENDED) for v in NEWEST])
+@pytest.mark.parametrize("version", NEWEST)
 async def test_a_gpu_group_scales_from_zero_for_a_gpu_pod_once(
     version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
 ) -> None:
@@ -509,7 +499,9 @@ async def test_a_gpu_group_scales_from_zero_for_a_gpu_pod_once(
                      tmp_path) as running:  # fmt: skip
         ca = running.ca
         await wait_all_running(cluster, ca, 1, "the GPU pod never ran")
-        [server] = await servers_of(emulator, "gpu-workers")
+        servers = await servers_of(emulator, "gpu-workers")
+        assert len(servers) == 1, "CA scaled up again for a GPU node not yet reporting its GPU"
+        [server] = servers
         assert await servers_of(emulator, "workers") == []
         assert "gpu-workers 0->1 (max: 3)" in ca.output, ca.output[-4000:]
         node = await asyncio.to_thread(cluster.core().read_node, server["name"])
@@ -521,7 +513,7 @@ async def test_a_gpu_group_scales_from_zero_for_a_gpu_pod_once(
         assert "gpu-workers 1->2" not in ca.output
 
 
-@pytest.mark.parametrize("version", [pytest.param(v, marks=EXTENDED) for v in NEWEST])
+@pytest.mark.parametrize("version", NEWEST)
 async def test_a_provider_crash_during_a_scale_up_loses_and_doubles_nothing(
     version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
 ) -> None:

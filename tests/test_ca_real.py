@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -204,14 +205,15 @@ class Autoscaler:
 def start_autoscaler(
     version: str,
     cluster: Cluster,
-    provider: ServeProcess,
+    port: int,
     pki: PKI,
     directory: Path,
-    flags: tuple[str, ...],
+    flags: tuple[str, ...] = (),
 ) -> Autoscaler:
+    """CA `version` calling the provider at localhost:`port`."""
     cloud_config = directory / "cloud-config.yaml"
     cloud_config.write_text(yaml.safe_dump({
-        "address": f"localhost:{provider.port}", "cert": str(pki.client_cert),
+        "address": f"localhost:{port}", "cert": str(pki.client_cert),
         "key": str(pki.client_key), "cacert": str(pki.ca_cert), "grpc_timeout": "10s",
     }))  # fmt: skip
     log = directory / f"cluster-autoscaler-{version}.log"
@@ -284,7 +286,7 @@ async def scene(
                           groups=groups, **provider_config)  # fmt: skip
     provider = await start_serve(config, log_level="info")
     stand_in = asyncio.create_task(kubelets(cluster, emulator))
-    ca = start_autoscaler(version, cluster, provider, pki, directory, flags)
+    ca = start_autoscaler(version, cluster, provider.port, pki, directory, flags)
     running = Scene(ca, provider, config)
     try:
         yield running
@@ -562,3 +564,117 @@ async def test_price_expander_picks_the_cheaper_group(
         assert {pod.spec.node_name for pod in await load_pods(cluster)} <= flex
         assert len(flex) == PODS
         assert await servers_of(emulator, dear["name"]) == []
+
+
+# Leader election as the chart's defaults scaled down, so a failover fits a scenario.
+LEASE = "cloudscale-autoscaler"  # the one Lease name deploy/'s Role lets the provider update
+ELECTION = {"enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
+            "leaseDuration": "3s", "renewDeadline": "2s", "retryPeriod": "500ms"}  # fmt: skip
+
+
+async def lease_holder(cluster: Cluster) -> str | None:
+    api = k8s.CoordinationV1Api(cluster.kube.client())
+    try:
+        lease = await asyncio.to_thread(api.read_namespaced_lease, LEASE, NAMESPACE)
+    except k8s.ApiException:
+        return None
+    return str(lease.spec.holder_identity or "") or None
+
+
+def identity(replica: ServeProcess) -> str:
+    """A replica's Lease identity outside a pod (kube/lease.py): host name and process id."""
+    return f"{socket.gethostname()}_{replica.process.pid}"
+
+
+@contextlib.asynccontextmanager
+async def leader_service(cluster: Cluster, replicas: list[ServeProcess]) -> AsyncIterator[int]:
+    """What the chart's gRPC Service does for CA, on a port: each new connection goes to the
+    replica holding the Lease (the Service selects the leader label the holder puts on its
+    Pod); a connection whose replica died ends, and CA connects again."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def connect(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        holder = await lease_holder(cluster)
+        ports = {identity(r): r.port for r in replicas if r.process.returncode is None}
+        if holder not in ports:
+            client_w.close()  # no endpoint: the Service refuses, as kube-proxy does
+            return
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", ports[holder])
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
+
+    server = await asyncio.start_server(connect, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("version", NEWEST)
+async def test_a_failover_during_a_scale_up_loses_and_doubles_nothing(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Two replicas with leader election; CA reaches the leader through a stand-in for the
+    chart's Service. The leader is killed while its creates are on their way (the API answers
+    each after 3 s): the standby takes the Lease, loads the inventory (the servers made
+    meanwhile, found by their tags) and serves CA, which carries out its plan once."""
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+    kubernetes = {"kubeconfig": str(cluster.kube.provider_kubeconfig), "driftInterval": "0s",
+                  "leaderElection": ELECTION}  # fmt: skip
+    replicas = []
+    for name in ("replica-a", "replica-b"):
+        config = write_config(tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER,
+                              groups=[group("workers")], kubernetes=kubernetes)  # fmt: skip
+        replicas.append(await start_serve(config, log_level="info"))
+    stand_in = asyncio.create_task(kubelets(cluster, emulator))
+    ca = None
+    try:
+
+        async def elected() -> bool:
+            return await lease_holder(cluster) in {identity(r) for r in replicas}
+
+        await wait_until(elected, 30, "no replica took the Lease")
+        async with leader_service(cluster, replicas) as port:
+            await load(cluster, PODS)
+            ca = start_autoscaler(version, cluster, port, pki, tmp_path)
+
+            async def creating() -> bool:
+                ca.alive()
+                return (await emulator.admin.in_flight()).get("create_server", 0) > 0
+
+            await wait_until(creating, 60, "CA never scaled up")
+            [leader] = [r for r in replicas if identity(r) == await lease_holder(cluster)]
+            await leader.kill()
+            [standby] = [r for r in replicas if r is not leader]
+
+            async def taken_over() -> bool:
+                return await lease_holder(cluster) == identity(standby)
+
+            await wait_until(taken_over, 30, "the standby never took the Lease")
+            await wait_all_running(cluster, ca, PODS, "the pods never ran after the failover")
+            servers = await emulator.admin.servers()
+            assert len(servers) == PODS, [s["name"] for s in servers]
+            assert all(s["tags"].get(TAG_GROUP) == "workers" for s in servers)
+            assert ca.output.count("workers 0->3 (max: 5)") == 1, ca.output[-4000:]
+            assert "acquired Lease" in standby.output
+    finally:
+        if ca is not None:
+            ca.process.terminate()
+            ca.process.wait(30)
+        stand_in.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stand_in
+        for replica in replicas:
+            await replica.kill()
+        with contextlib.suppress(k8s.ApiException):
+            await asyncio.to_thread(k8s.CoordinationV1Api(cluster.kube.client())
+                                    .delete_namespaced_lease, LEASE, NAMESPACE)  # fmt: skip

@@ -387,6 +387,35 @@ async def test_scale_from_zero_then_down_as_ca_decides(
         assert "Scale-down: removing empty node" in ca.output or "removing node" in ca.output
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_idle_nodes_go_after_the_groups_own_unneeded_time(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Two idle nodes of a group whose `autoscalingOptions` set scaleDownUnneededTime to 5 s,
+    with CA's own flag at 10 minutes: CA deletes them within the scenario only if it read the
+    group's value from NodeGroupGetOptions (1.34 reads the old duration fields, 1.35+ the new
+    ones). The nodes exist and are Ready before CA starts: no scale-up, so #10245's zero
+    MaxNodeStartupTime on 1.35+ plays no part."""
+    tags = {TAG_CLUSTER: CLUSTER, TAG_GROUP: "workers"}
+    await emulator.admin.populate(2, tags, zone="lpg1", name_prefix="idle")
+    options = {"scaleDownUnneededTime": f"{UNNEEDED_SECONDS}s"}
+    workers = group("workers", autoscalingOptions=options)
+    async with scene(version, [workers], cluster, pki, emulator, tmp_path,
+                     flags=("--scale-down-unneeded-time=10m",)) as running:  # fmt: skip
+        ca = running.ca
+        started = asyncio.get_running_loop().time()
+
+        async def gone() -> bool:
+            ca.alive()
+            return await servers_of(emulator, "workers") == []
+
+        await wait_until(gone, 120, "CA never removed the idle nodes by the group's unneeded time")
+        waited = asyncio.get_running_loop().time() - started
+        assert waited >= UNNEEDED_SECONDS, "deleted before they were unneeded long enough"
+        assert "Scale-down: removing empty node" in ca.output, ca.output[-4000:]
+        assert {d["by"] for d in await emulator.admin.deletions()} == {"api"}
+
+
 def priorities(first: str, then: str) -> dict[str, Any]:
     """The priority expander's ConfigMap: `first` whenever it can help, else `then`."""
     return {

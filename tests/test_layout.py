@@ -1,4 +1,5 @@
 """The product's module graph: no import circle, and no library module importing a command.
+The same for the Rust crate's modules (rust/src), read from their `use crate::` lines.
 
 Read from the source with `ast`, not by importing: every import of a product module counts
 wherever it stands (a function-level import runs as surely as a top-level one, only later),
@@ -10,13 +11,16 @@ so that counts as an import of `a.b` too.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 PACKAGE = "cloudscale_autoscaler"
-SOURCE = Path(__file__).resolve().parent.parent / "src" / PACKAGE
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "src" / PACKAGE
+CRATE = ROOT / "rust" / "src"
 # The generated protobuf code imports only protobuf and its own siblings.
 GENERATED = f"{PACKAGE}.protos"
 COMMANDS = f"{PACKAGE}.commands"
@@ -244,3 +248,75 @@ def test_tangles_and_circle() -> None:
     assert tangles(graph) == [["a", "b", "c", "e"]]
     assert circle(graph, ["a", "b", "c", "e"]) == ["a", "b", "c", "a"]
     assert tangles({"a": {"b"}, "b": set()}) == []
+
+
+# --- the Rust crate ----------------------------------------------------------------------
+# `crate::name`, `crate::{a::x, b}`: what follows is a module of the crate or an item of its
+# root (lib.rs). Paths that start at `super::` or `self::` stay inside the file's own module.
+_CRATE_PATH = re.compile(r"\bcrate::(?:(\w+)|\{)")
+CRATE_ROOT = "lib"
+
+
+def _braced_heads(text: str, start: int) -> list[str]:
+    """The first name of each item in the `{...}` opening at `start`: `{a::{x, y}, b}` -> a, b."""
+    heads: list[str] = []
+    depth = 0
+    item = ""
+    for char in text[start:]:
+        if char == "{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                break
+        if depth == 1 and char == ",":
+            heads.append(item)
+            item = ""
+        else:
+            item += char
+    heads.append(item)
+    names = (re.match(r"\s*(\w+)", head) for head in heads)
+    return [name.group(1) for name in names if name]
+
+
+def crate_uses(text: str, modules: set[str]) -> set[str]:
+    """The crate's modules a file's code names through `crate::` (comments aside); a name that
+    is no module is an item of the crate root."""
+    code = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+    found: set[str] = set()
+    for match in _CRATE_PATH.finditer(code):
+        heads = [match.group(1)] if match.group(1) else _braced_heads(code, match.end() - 1)
+        found.update(head if head in modules else CRATE_ROOT for head in heads)
+    return found
+
+
+def crate_graph() -> dict[str, set[str]]:
+    files = {path.stem: path for path in CRATE.glob("*.rs")}
+    modules = set(files)
+    return {name: crate_uses(path.read_text(), modules) - {name} for name, path in files.items()}
+
+
+def test_no_crate_module_circle() -> None:
+    graph = crate_graph()
+    assert {CRATE_ROOT, "grpc", "wire"} <= set(graph), f"{CRATE} is not the crate's source"
+    found = tangles(graph)
+    report = [" -> ".join(circle(graph, tangle)) for tangle in found]
+    assert not found, "circle(s) among the crate's modules:\n" + "\n".join(report)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("use crate::wire;", {"wire"}),
+        ("use crate::grpc::{frame, status};", {"grpc"}),
+        ("use crate::{grpc::Core, snapshot::{Answer, Hot}};", {"grpc", "snapshot"}),
+        ("use crate::{Server, wire};", {"lib", "wire"}),
+        ("    let core = crate::grpc::Core::new();", {"grpc"}),
+        ("// use crate::grpc::Core;\nuse super::*;", set()),
+        ("use std::sync::Arc; // crate::wire is not used", set()),
+    ],
+)
+def test_crate_reader_finds_uses(source: str, expected: set[str]) -> None:
+    assert crate_uses(source, {"lib", "grpc", "snapshot", "wire"}) == expected

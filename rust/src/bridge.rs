@@ -10,11 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::oneshot;
 
-use crate::grpc::{frame, status};
-use crate::snapshot::Answer;
-
-const UNAVAILABLE: u8 = 14;
-const INTERNAL: u8 = 13;
+use crate::answer::{frame, status, Answer, INTERNAL, UNAVAILABLE};
 
 /// The Python side's callables (see transport/server.py).
 pub struct Bridge {

@@ -19,21 +19,18 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tonic::body::BoxBody;
 use tonic::server::NamedService;
 
+use crate::answer::{
+    status, Answer, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, OK, PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED, UNIMPLEMENTED,
+};
 use crate::bridge::Bridge;
-use crate::snapshot::{Answer, Hot, Snapshot};
+use crate::snapshot::{Hot, Snapshot};
 use crate::stats::Stats;
 
 pub const SERVICE: &str = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider";
 /// CA's DeleteNodes carries whole node objects; gRPC's default 4 MiB is too small for it.
 pub const MAX_RECEIVE_BYTES: usize = 16 * 1024 * 1024;
 
-pub const OK: u8 = 0;
-const CANCELLED: u8 = 1;
-const INTERNAL: u8 = 13;
-const UNIMPLEMENTED: u8 = 12;
-const RESOURCE_EXHAUSTED: u8 = 8;
-const PERMISSION_DENIED: u8 = 7;
-const DEADLINE_EXCEEDED: u8 = 4;
 const HEADSTART: Duration = Duration::from_millis(1);
 
 /// What Python chose to bound a call's request by (see transport/limits.py).
@@ -321,19 +318,6 @@ async fn before<T>(
             .await
             .unwrap_or_else(|_| expired()),
     }
-}
-
-pub fn status(code: u8, message: &str) -> Answer {
-    Answer::Status(code, Arc::from(message))
-}
-
-/// A response message with gRPC's 5-byte prefix (uncompressed, length).
-pub fn frame(message: &[u8]) -> Bytes {
-    let mut framed = BytesMut::with_capacity(message.len() + 5);
-    framed.put_u8(0);
-    framed.put_u32(message.len() as u32);
-    framed.put_slice(message);
-    framed.freeze()
 }
 
 /// The caller's `grpc-timeout` (at most 8 digits and a unit, e.g. `4999m`), if any. Anything

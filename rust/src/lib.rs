@@ -4,6 +4,7 @@
 //! RPCs are answered from a snapshot Python publishes; every other call, and any miss, is
 //! forwarded to Python's asyncio loop. Python decides everything; this module serves it.
 
+mod answer;
 mod bridge;
 mod grpc;
 mod io;
@@ -22,9 +23,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use tokio::sync::oneshot;
 
+use crate::answer::{frame, status, Answer};
 use crate::bridge::Bridge;
-use crate::grpc::{frame, status, Core};
-use crate::snapshot::{Answer, Hot, NodeIndex, Table};
+use crate::grpc::Core;
+use crate::snapshot::{Hot, NodeIndex, Table};
 
 /// One running server; Python's transport/server.py wraps it.
 #[pyclass(frozen)]

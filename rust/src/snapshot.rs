@@ -9,14 +9,8 @@ use std::sync::{Arc, RwLock};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
+use crate::answer::Answer;
 use crate::wire;
-
-/// What a call gets: a serialized, already framed response, or a status.
-#[derive(Clone)]
-pub enum Answer {
-    Ok(Bytes),
-    Status(u8, Arc<str>),
-}
 
 /// NodeGroupForNode's index: providerID (as the engine spells it) -> framed answer.
 #[derive(Default)]

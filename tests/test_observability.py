@@ -4,6 +4,7 @@ package: the server and promtool).
 - promtool checks deploy/prometheus/alerts.yaml and runs tests/observability/alerts_test.yaml,
   in which every alert fires on the series it is about and stays silent before its `for` and on
   look-alike series.
+- The dashboard reads every query through its `datasource` variable, and its panels tile.
 - A real Prometheus scrapes a real `serve` every second while a gRPC client drives it into a
   quota refusal through the emulator: every query of every dashboard panel returns data, and
   the data the panel is about (the refused create among the API errors, a placeholder among the
@@ -93,6 +94,39 @@ def test_every_alert_fires_and_stays_silent_in_promtool_tests() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+# --- the dashboard as Grafana's provisioning reads it -----------------------------------
+
+
+def test_dashboard_queries_the_datasource_variable_and_panels_do_not_overlap() -> None:
+    """Provisioned into any Grafana: no data source uid of ours, every query through the
+    `datasource` variable (a Prometheus one); ids unique; the panels tile a 24-column grid."""
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    via_variable = {"type": "prometheus", "uid": "${datasource}"}
+    panels = dashboard["panels"]
+    assert 8 <= len(panels) <= 12
+    sources = [variables["job"]["datasource"]] + [
+        source
+        for panel in panels
+        for source in [panel["datasource"], *(t["datasource"] for t in panel["targets"])]
+    ]
+    assert [s for s in sources if s != via_variable] == []
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        box = panel["gridPos"]
+        assert box["x"] + box["w"] <= 24, panel["title"]
+        taken = {
+            (x, y)
+            for x in range(box["x"], box["x"] + box["w"])
+            for y in range(box["y"], box["y"] + box["h"])
+        }
+        assert not taken & cells, f"{panel['title']} overlaps another panel"
+        cells |= taken
 
 
 # --- a real Prometheus scraping a real serve ----------------------------------------------

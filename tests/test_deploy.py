@@ -47,6 +47,10 @@ KUSTOMIZE_DIR = DEPLOY / "kustomize"
 BASE = KUSTOMIZE_DIR / "base"
 OVERLAY = KUSTOMIZE_DIR / "overlays" / "example"
 CHART = DEPLOY / "helm" / "cloudscale-autoscaler"
+# The alert rules: the plain file links to the one the chart embeds.
+CHART_RULES = CHART / "files" / "alerts.yaml"
+PLAIN_RULES = DEPLOY / "prometheus" / "alerts.yaml"
+DASHBOARD = CHART / "files" / "dashboard.json"
 EXAMPLES = DEPLOY / "examples"
 
 PROVIDER = "cloudscale-autoscaler"  # container name, and object names in kube-system
@@ -106,6 +110,8 @@ def role_of(path: Path) -> str:
         return {"Chart.yaml": "chart", "values.yaml": "chart-values"}.get(path.name, "unknown")
     if path.name.endswith("-values.yaml"):
         return "ca-chart-values"
+    if path in (PLAIN_RULES, CHART_RULES):
+        return "prometheus-rules"
     return "manifests"
 
 
@@ -278,6 +284,33 @@ SERVICE_MONITOR_SPEC = Obj(
     },
     {"namespaceSelector": dict, "jobLabel": str, "targetLabels": [str]},
 )
+# A Prometheus rules file, which is also a PrometheusRule's spec.
+RULE_GROUPS = Obj(
+    {
+        "groups": [
+            Obj(
+                {
+                    "name": str,
+                    "rules": [
+                        Obj(
+                            {"expr": str},
+                            {
+                                "alert": str,
+                                "record": str,
+                                "for": GO_DURATION,
+                                "keep_firing_for": GO_DURATION,
+                                "labels": dict,
+                                "annotations": dict,
+                            },
+                        )
+                    ],
+                },
+                {"interval": GO_DURATION, "limit": int},
+            )
+        ]
+    },
+    {},
+)
 
 
 def _custom(api_version: str, kind: str, spec: Obj) -> Obj:
@@ -299,6 +332,9 @@ CUSTOM_SCHEMAS: dict[tuple[str, str], Obj] = {
     ("cert-manager.io/v1", "Issuer"): _custom("cert-manager.io/v1", "Issuer", ISSUER_SPEC),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): _custom(
         "monitoring.coreos.com/v1", "ServiceMonitor", SERVICE_MONITOR_SPEC
+    ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _custom(
+        "monitoring.coreos.com/v1", "PrometheusRule", RULE_GROUPS
     ),
 }
 
@@ -764,6 +800,22 @@ def test_patches_name_an_object_of_the_base() -> None:
             assert (doc["kind"], doc["metadata"]["name"]) in base_objects, patch
 
 
+RULE_FILES = [p for p in yaml_files() if role_of(p) == "prometheus-rules"]
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=_ids(RULE_FILES))
+def test_prometheus_rules_file_has_the_rules_file_shape(path: Path) -> None:
+    (doc,) = read_docs(path)
+    assert check_shape(doc, RULE_GROUPS, "") == []
+
+
+def test_plain_rules_file_is_the_one_the_chart_embeds() -> None:
+    """A link, so the two never disagree (tests/test_observability.py tests the rules)."""
+    assert PLAIN_RULES.is_symlink()
+    assert PLAIN_RULES.resolve() == CHART_RULES.resolve()
+    assert RULE_FILES == [CHART_RULES, PLAIN_RULES]
+
+
 PROVIDER_CONFIGS = [p for p in yaml_files() if role_of(p) == "provider-config"]
 
 
@@ -875,6 +927,15 @@ def test_kustomize_pdb_matches_the_charts(kustomize: list[str], helm: str, tmp_p
 HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "defaults": ([], {}),
     "servicemonitor": (["--set", "serviceMonitor.enabled=true"], {}),
+    "observability": (
+        [
+            "--set",
+            "prometheusRule.enabled=true,grafanaDashboard.enabled=true",
+            "--set",
+            "prometheusRule.labels.release=kps,grafanaDashboard.annotations.grafana_folder=CA",
+        ],
+        {},
+    ),
     "no-pdb": (["--set", "podDisruptionBudget.enabled=false"], {}),
     "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
     "single-replica": (["--set", "replicas=1,kubernetes.enabled=false"], {}),
@@ -887,7 +948,12 @@ HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
 
 @NEEDS_TOOL
 @pytest.mark.parametrize(
-    "values", [[], ["--set", "serviceMonitor.enabled=true,certManager.enabled=false"]]
+    "values",
+    [
+        [],
+        ["--set", "serviceMonitor.enabled=true,certManager.enabled=false"],
+        ["--set", "prometheusRule.enabled=true,grafanaDashboard.enabled=true"],
+    ],
 )
 def test_helm_lint(helm: str, values: list[str]) -> None:
     done = run([helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *values])
@@ -908,6 +974,27 @@ def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path:
     assert bundle.all("Secret") == []
     annotations = bundle.provider()["spec"]["template"]["metadata"]["annotations"]
     assert "checksum/config" in annotations, "a config change rolls the pod"
+    check_observability(bundle, on=case == "observability")
+
+
+def check_observability(bundle: Bundle, *, on: bool) -> None:
+    """The PrometheusRule and the dashboard ConfigMap: only when asked for, and then the
+    repository's files as they are, labelled for the operator and Grafana's sidecar."""
+    rules = bundle.all("PrometheusRule")
+    dashboards = [
+        d for d in bundle.all("ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard")
+    ]
+    if not on:
+        assert (rules, dashboards) == ([], [])
+        return
+    (rule,) = rules
+    assert rule["spec"] == yaml.safe_load(CHART_RULES.read_text(encoding="utf-8"))
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    (dashboard,) = dashboards
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "CA"}
+    (text,) = dashboard["data"].values()
+    assert json.loads(text) == json.loads(DASHBOARD.read_text(encoding="utf-8"))
 
 
 @NEEDS_TOOL
@@ -935,6 +1022,7 @@ def test_helm_other_release_follows_names_and_values(helm: str) -> None:
         (["--set", "replicas=3,kubernetes.enabled=false"], "replicas is 3: more than one"),
         (["--set", "config.kubernetes.driftInterval=1m"], "config.kubernetes is set by the chart"),
         (["--set", "kubernetes.driftInterval=5"], "/kubernetes/driftInterval"),
+        (["--set", "grafanaDashboard.folder=x"], "additional properties 'folder' not allowed"),
     ],
 )
 def test_helm_rejects_bad_values_naming_them(helm: str, args: list[str], expected: str) -> None:

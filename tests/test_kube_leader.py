@@ -140,6 +140,17 @@ async def ready(process: ServeProcess) -> tuple[int, str]:
     return answer.status_code, answer.text
 
 
+async def leader_gauge(process: ServeProcess) -> float:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://127.0.0.1:{process.metrics_port}/metrics")
+    (value,) = [
+        float(line.split()[1])
+        for line in answer.text.splitlines()
+        if line.startswith("cloudscale_autoscaler_leader ")
+    ]
+    return value
+
+
 async def call(process: ServeProcess, pki: PKI, rpc: str, request: object) -> Any:
     async with grpc_channel(pki, process.address) as channel:
         stub = pb_grpc.CloudProviderStub(channel)
@@ -191,6 +202,7 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     assert await ready(a) == (200, LEADER)
     assert await health(b, pki) == {"": "SERVING", SERVICE_NAME: "NOT_SERVING"}
     assert await health(a, pki) == {"": "SERVING", SERVICE_NAME: "SERVING"}
+    assert (await leader_gauge(a), await leader_gauge(b)) == (1.0, 0.0)
 
     # Creations held by the API; two in flight (maxConcurrentCreates), two queued.
     await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})

@@ -27,6 +27,7 @@ NAMED = [
     "cloudscale_autoscaler_last_successful_refresh_timestamp_seconds",
     "cloudscale_autoscaler_tls_certificate_expiry_timestamp_seconds",
     "cloudscale_autoscaler_build_info",
+    "cloudscale_autoscaler_leader",
 ]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -98,6 +99,7 @@ async def test_metrics_are_exposed_and_move_after_rpcs(stack: StackFactory) -> N
     served = x509.load_pem_x509_certificate(s.pki.server_cert.read_bytes())
     expiry = after[("cloudscale_autoscaler_tls_certificate_expiry_timestamp_seconds", ())]
     assert expiry == served.not_valid_after_utc.timestamp()
+    assert after[("cloudscale_autoscaler_leader", ())] == 1, "without leader election it leads"
 
 
 async def test_readyz_only_after_the_cloud_answered(

@@ -79,6 +79,8 @@ async def build_provider(config: Config) -> Provider:
     metrics.track_groups(engine.group_stats)
     metrics.last_refresh.set_function(lambda: engine.last_refresh_unix)
     provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
+    # Read at scrape time: _connect replaces provider.serving with the Lease's gate.
+    metrics.leader.set_function(lambda: float(provider.serving.active))
     # Closed in reverse: the engine lets creations already sent finish, then the client goes.
     provider.closers += [client.aclose, engine.aclose]
     for warning in config_warnings(config):

@@ -144,6 +144,13 @@ class Metrics:
             "Unix time at which the served TLS certificate expires.",
             registry=r,
         )
+        # Per replica, so that an alert sees "no replica leads" as the max over replicas.
+        self.leader = Gauge(
+            f"{NAMESPACE}_leader",
+            "1 while this replica serves the CloudProvider RPCs (the Lease holder, or the only "
+            "replica without leader election), else 0.",
+            registry=r,
+        )
 
     def observe_cloud_request(self, operation: str, status: str, seconds: float) -> None:
         self.cloud_requests.labels(operation, status).inc()

@@ -149,6 +149,25 @@ def test_leader_section() -> None:
     assert leader_status(serving, "me") == LeaderStatus("ns/lease", "me", True, "me")
 
 
+# --- calls seen ------------------------------------------------------------------------------
+
+
+def test_calls_seen_counts_per_configured_group_only() -> None:
+    seen = CallsSeen(["a", "b"])
+    before = time.time()
+    seen.record("a", "NodeGroupIncreaseSize")
+    seen.record("a", "NodeGroupIncreaseSize")
+    seen.record("a", "NodeGroupDeleteNodes")
+    seen.record("nope", "NodeGroupIncreaseSize")  # a caller cannot grow the table
+    assert {rpc: s.count for rpc, s in seen.of("a").items()} == {
+        "NodeGroupIncreaseSize": 2,
+        "NodeGroupDeleteNodes": 1,
+    }
+    assert before <= seen.of("a")["NodeGroupIncreaseSize"].last_unix <= time.time()
+    assert seen.of("b") == {}
+    assert seen.of("nope") == {}
+
+
 # --- the JSON document and the table ------------------------------------------------------
 
 
@@ -286,6 +305,16 @@ def test_table_closing_lines(
         stamp = datetime.fromtimestamp(now + tls, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         expected = [line.format(stamp=stamp) for line in expected]
     assert command.render_table(doc).splitlines()[-3:] == expected
+
+
+def test_table_says_when_the_last_refresh_succeeded_after_a_failure() -> None:
+    now = time.time()
+    doc = document(refresh=RefreshOutcome(now - 2, 1.5, "Refresh: the API refused the listing"))
+    doc["at_unix"], doc["last_successful_refresh_unix"] = now, now - 600
+    assert command.render_table(doc).splitlines()[-3] == (
+        "refresh: FAILED 2s ago, took 1.50s (last success: 10m00s ago): Refresh: the API "
+        "refused the listing"
+    )
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,9 @@ def server_counts(group: GroupState, now_unix: float) -> ServerCounts:
         elif server.status == "error":
             state = "error"
         else:
-            seen = instances.server_state(server.status, instances.booting(server, now_unix))
+            # Only a `changing` server's creation time matters (parsing it costs, per server).
+            booting = server.status == "changing" and instances.booting(server, now_unix)
+            seen = instances.server_state(server.status, booting)
             state = _STATE_NAMES.get(seen, "other")
         counts[state] += 1
     return ServerCounts(**counts)

@@ -20,15 +20,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-TIMEOUT_SECONDS = 10.0
+TIMEOUT_SECONDS = 10.0  # the endpoint answers from memory: longer means it is stuck
 EXIT_OK = 0
 EXIT_ERROR = 1
 
 GROUP_HEADER = ("GROUP", "MIN", "MAX", "TARGET", "RUNNING", "CREATING", "DELETING", "ERROR",
                 "SENT", "QUEUED", "PLACEHOLDERS", "LAST INCREASE", "LAST DELETE")  # fmt: skip
 PLACEHOLDER_HEADER = ("GROUP", "PLACEHOLDER", "CLASS", "CODE", "AGE", "EXPIRES IN", "ERROR")
-
-
 EXPECTED_URL = "http://HOST:PORT/status"
 
 

@@ -93,6 +93,7 @@ def test_emulator_help_says_what_the_seed_seeds_and_shows_defaults() -> None:
         ("emulator", "--token", "not set: accepts any token"),
         ("check-config", "--online", "networks and subnets"),
         ("demo", "--certs-dir", "config and mTLS certificates"),
+        ("status", "--url", "GET /status (metrics.listen)"),
     ],
 )
 def test_every_option_has_help_that_says_what_it_does(command: str, option: str, says: str) -> None:

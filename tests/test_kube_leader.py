@@ -355,6 +355,33 @@ async def test_graceful_shutdown_hands_the_lease_over_at_once(
     assert await call(b, pki, "NodeGroups", pb.NodeGroupsRequest())
 
 
+async def leader_status(process: ServeProcess) -> Any:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://127.0.0.1:{process.metrics_port}/status")
+    return answer.json()["leader"]
+
+
+async def test_status_names_this_replica_and_the_lease_holder(replicas: Replicas) -> None:
+    a = await replicas("replica-a", leader=True)
+    b = await replicas("replica-b")
+    lease = f"{NAMESPACE}/{LEASE}"
+    assert await leader_status(a) == {
+        "lease": lease,
+        "identity": "replica-a",
+        "leading": True,
+        "holder": "replica-a",
+    }
+    assert await leader_status(b) == {
+        "lease": lease,
+        "identity": "replica-b",
+        "leading": False,
+        "holder": "replica-a",
+    }
+    assert await a.stop(signal.SIGTERM) == 0, a.output
+    await eventually(lambda: _leads(b), 30, "replica-b never took over")
+    assert (await leader_status(b))["leading"] is True
+
+
 async def target_and_nodes(process: ServeProcess, pki: PKI) -> tuple[int, list[str]]:
     target = await call(process, pki, "NodeGroupTargetSize",
                         pb.NodeGroupTargetSizeRequest(id="workers"))  # fmt: skip

@@ -195,8 +195,8 @@ async def echoing_api(seen: list[str]) -> AsyncIterator[str]:
 
 
 async def exercise(serve: ServeProcess, pki: PKI, admin: EmulatorAdmin | None) -> list[str]:
-    """Every RPC, succeeding and failing, plus /metrics, /healthz and /readyz: everything a
-    client or scraper receives, as text (replies' bytes decoded, error details)."""
+    """Every RPC, succeeding and failing, plus /metrics, /healthz, /readyz and /status:
+    everything a client or scraper receives, as text (replies' bytes decoded, error details)."""
     seen: list[str] = []
     async with grpc_channel(pki, serve.address) as channel:
         stub = pb_grpc.CloudProviderStub(channel)
@@ -223,7 +223,7 @@ async def exercise(serve: ServeProcess, pki: PKI, admin: EmulatorAdmin | None) -
             await admin.clear_faults()
     assert serve.metrics_port is not None
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{serve.metrics_port}") as http:
-        for path in ("/metrics", "/healthz", "/readyz"):
+        for path in ("/metrics", "/healthz", "/readyz", "/status"):
             seen.append((await http.get(path)).text)
     return seen
 

@@ -31,6 +31,7 @@ from cloudscale_autoscaler.service.gate import gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
 from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.status import Status, collect, leader_status
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
     ListenError,
@@ -250,7 +251,11 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     health = None
     if config.metrics.listen is not None:
-        health = HealthServer(provider.metrics, readiness=lambda: _readiness(provider))
+        health = HealthServer(
+            provider.metrics,
+            readiness=lambda: _readiness(provider),
+            status=lambda: status_of(provider, server).to_json(),
+        )
         try:
             host, _, port = config.metrics.listen.rpartition(":")
             await health.start(host.strip("[]"), int(port))
@@ -258,6 +263,21 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
             await Running(provider, server, None).stop(0)
             raise
     return Running(provider, server, health)
+
+
+def status_of(provider: Provider, server: RunningServer) -> Status:
+    """The status view of a started provider (GET /status)."""
+    engine = provider.service.engine
+    identity = provider.link.identity if provider.link is not None else None
+    return collect(
+        engine.group_statuses(),
+        provider.service.seen,
+        engine.last_refresh,
+        engine.last_refresh_unix,
+        leader_status(provider.serving, identity),
+        server.cert_not_after(),
+        server.rpc_readings(),
+    )
 
 
 def _on_signals(stop: asyncio.Event) -> None:

@@ -87,6 +87,27 @@ def _parser() -> argparse.ArgumentParser:
         help="default: kubernetes.kubeconfig, in a pod its service account, else as kubectl",
     )
 
+    status = sub.add_parser(
+        "status",
+        help="show a running provider's groups, placeholders, last Refresh, leader and "
+        "certificate (from its metrics endpoint)",
+    )
+    status.add_argument(
+        "--url",
+        # Where the chart and the kustomize base serve it (metrics.listen 0.0.0.0:8080):
+        # `kubectl exec` into a provider Pod and run `status` as it is.
+        default="http://127.0.0.1:8080/status",
+        help="the provider's GET /status (metrics.listen); a bare address gets /status "
+        "(default: %(default)s)",
+    )
+    status.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        default="table",
+        help="table: for a terminal; json: the document as served (default: %(default)s)",
+    )
+
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
     demo.add_argument(
@@ -147,6 +168,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cloudscale_autoscaler.commands.drift import drift_command
 
         return drift_command(args.config, args.kubeconfig)
+    if command == "status":
+        from cloudscale_autoscaler.commands.status import status_command
+
+        return status_command(args.url, args.output)
     if command == "demo":
         from cloudscale_autoscaler.commands.demo import demo_command
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the /metrics, /healthz, /readyz HTTP endpoint.
+"""Prometheus metrics and the /metrics, /healthz, /readyz, /status HTTP endpoint.
 
 Nothing is updated on the hot path: the per-RPC counters and latency histograms are atomics in
 the compiled transport, and the per-group gauges are the engine's state; custom collectors read
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -164,13 +165,20 @@ class Metrics:
 
 
 class HealthServer:
-    """/metrics, /healthz (the process runs) and /readyz (config loaded, cloud answered: it
-    could serve CA if it led). `readiness` says whether it is ready and, as the body's text,
-    what it is (e.g. "leader") or why it is not."""
+    """/metrics, /healthz (the process runs), /readyz (config loaded, cloud answered: it
+    could serve CA if it led) and /status (the status view as JSON, status.py).
+    `readiness` says whether it is ready and, as the body's text, what it is (e.g. "leader")
+    or why it is not; `status` gives the status view's JSON document."""
 
-    def __init__(self, metrics: Metrics, readiness: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        readiness: Callable[[], tuple[bool, str]],
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
         self._metrics = metrics
         self._readiness = readiness
+        self._status = status
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -179,6 +187,7 @@ class HealthServer:
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._serve_healthz)
         app.router.add_get("/readyz", self._serve_readyz)
+        app.router.add_get("/status", self._serve_status)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
@@ -202,3 +211,6 @@ class HealthServer:
         if ready:
             return web.Response(text=f"ready: {detail}\n")
         return web.Response(status=503, text=f"not ready: {detail}\n")
+
+    async def _serve_status(self, _: web.Request) -> web.Response:
+        return web.json_response(self._status())

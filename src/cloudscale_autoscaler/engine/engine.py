@@ -35,6 +35,7 @@ from cloudscale_autoscaler.engine.errors import CloudUnavailable, Unimplemented
 from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.engine.inventory import Inventory, api_problem
 from cloudscale_autoscaler.engine.pricing import Pricer
+from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, group_status
 from cloudscale_autoscaler.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -70,6 +71,9 @@ class Engine:
         self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
         # Unix time of the last successful Refresh, for the metrics endpoint; 0 = never.
         self.last_refresh_unix = 0.0
+        # The last Refresh, successful or not, for the status view; None = none yet.
+        self.last_refresh: RefreshOutcome | None = None
+        self._clock = clock
 
     @property
     def on_change(self) -> Callable[[], None]:
@@ -123,13 +127,27 @@ class Engine:
     # --- Refresh --------------------------------------------------------------------------
 
     async def refresh(self) -> None:
+        at, started = time.time(), time.monotonic()
+        try:
+            await self._refresh()
+        except asyncio.CancelledError:
+            why = "abandoned: its caller gave up (a deadline, or shutdown)"
+            self.last_refresh = RefreshOutcome(at, time.monotonic() - started, why)
+            raise
+        except Exception as error:
+            why = str(error) or type(error).__name__
+            self.last_refresh = RefreshOutcome(at, time.monotonic() - started, why)
+            raise
+        self.last_refresh = RefreshOutcome(at, time.monotonic() - started)
+        self.last_refresh_unix = time.time()
+
+    async def _refresh(self) -> None:
         await self._inventory.sync("Refresh")
         if not self._background.closing:
             self._deletions.resume()
         await self._catalog.refresh()
         for group in self._inventory.groups.values():
             self._inventory.expire(group)
-        self.last_refresh_unix = time.time()
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -144,6 +162,15 @@ class Engine:
 
     def group_stats(self) -> list[GroupStats]:
         return self._inventory.group_stats()
+
+    def group_statuses(self) -> list[GroupStatus]:
+        """Each group's state for the status view (a pure read: nothing expires here)."""
+        now, now_unix = self._clock(), time.time()
+        lifetime = self.config.placeholder_expiry_seconds
+        return [
+            group_status(group, now, now_unix, lifetime)
+            for group in self._inventory.groups.values()
+        ]
 
     def target_size(self, name: str) -> int:
         return self._inventory.target_size(name)

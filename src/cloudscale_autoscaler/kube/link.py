@@ -133,6 +133,11 @@ class ClusterLink:
     def elects(self) -> bool:
         return self._elector is not None
 
+    @property
+    def identity(self) -> str | None:
+        """This replica's name in the Lease; None without leader election."""
+        return None if self._elector is None else self._elector.identity
+
     def start(self) -> None:
         if self._elector is not None:
             self._elector_task = asyncio.create_task(self._elector.run())

@@ -31,6 +31,7 @@ from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service import pricing
+from cloudscale_autoscaler.service.seen import CallsSeen
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 
@@ -122,6 +123,8 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
             ]
         )
         self._gpu_label = pb.GPULabelResponse(label=config.gpu_label)
+        # For the status view: which groups CA last asked to change, and when.
+        self.seen = CallsSeen(g.name for g in config.node_groups)
 
     def constant_answers(self) -> dict[str, Message]:
         """The answers that never change while serving, by RPC (served by the transport)."""
@@ -185,12 +188,14 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def NodeGroupIncreaseSize(
         self, request: pb.NodeGroupIncreaseSizeRequest, context: Context
     ) -> pb.NodeGroupIncreaseSizeResponse:
+        self.seen.record(request.id, "NodeGroupIncreaseSize")
         await _run(context, self.engine.increase_size(request.id, request.delta), self.engine)
         return pb.NodeGroupIncreaseSizeResponse()
 
     async def NodeGroupDeleteNodes(
         self, request: pb.NodeGroupDeleteNodesRequest, context: Context
     ) -> pb.NodeGroupDeleteNodesResponse:
+        self.seen.record(request.id, "NodeGroupDeleteNodes")
         nodes = [NodeRef(node.providerID, node.name) for node in request.nodes]
         await _run(context, self.engine.delete_nodes(request.id, nodes), self.engine)
         return pb.NodeGroupDeleteNodesResponse()
@@ -198,6 +203,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     async def NodeGroupDecreaseTargetSize(
         self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: Context
     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
+        self.seen.record(request.id, "NodeGroupDecreaseTargetSize")
         try:
             self.engine.decrease_target_size(request.id, request.delta)
         except EngineError as error:

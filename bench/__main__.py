@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from bench.plan import FULL, PATTERNS, SMOKE
-from bench.report import markdown, plot
+from bench.plots import draw
+from bench.report import markdown
 from bench.run import run
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not copy the table to bench/RESULTS.md (a --smoke run never does)",
     )
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    parser.add_argument(
+        "--no-plot", action="store_true", help="skip the SVG plots (loop.svg, latency.svg)"
+    )
     parser.add_argument(
         "--pattern",
         action="append",
@@ -54,12 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     report = run(plan, out)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    plots = [] if args.no_plot else draw(report, out)
     table = markdown(report)
+    if plots:
+        table += "\n## Plots\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     (out / "results.md").write_text(table)
-    if not args.no_plot and plot(report, out / "loop.png"):
-        print(f"plot: {out / 'loop.png'}", file=sys.stderr)
     if not args.smoke and not args.no_results_md:
-        shutil.copyfile(out / "results.md", BENCH_DIR / "RESULTS.md")
+        # The plots sit beside RESULTS.md, which links them by name.
+        for path in [out / "results.md", *plots]:
+            target = "RESULTS.md" if path.name == "results.md" else path.name
+            shutil.copyfile(path, BENCH_DIR / target)
     print(table)
     return 0
 

@@ -79,7 +79,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("go is not installed: the benchmark's client and reference server are Go")
     out = tmp_path_factory.mktemp("bench")
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--out", str(out), "--no-plot"],
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -89,6 +89,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert done.returncode == 0, f"python -m bench --smoke failed:\n{done.stdout}\n{done.stderr}"
     assert (out / "results.md").read_text().startswith("# Benchmark results")
     result: dict[str, Any] = json.loads((out / "results.json").read_text())
+    result["out"] = str(out)
     return result
 
 
@@ -160,3 +161,19 @@ def test_increase_figures(report: dict[str, Any]) -> None:
     assert increase["created"] == increase["delta"] == 5
     for key in ("rpc_s", "all_created_s", "ideal_s", "over_ideal", "provider_cpu_s"):
         assert is_number(increase[key]), key
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_plots_show_each_series_and_are_linked(report: dict[str, Any]) -> None:
+    out = Path(report["out"])
+    loop = (out / "loop.svg").read_text()
+    # Text stays text in the SVGs (svg.fonttype none): every series is named in the file.
+    for pattern in CALLS_PER_LOOP:
+        series = f"{pattern}, G=1"
+        assert f">{series}, Go reference<" in loop and f">{series}<" in loop, pattern
+    latency = (out / "latency.svg").read_text()
+    for name in [*SINGLE_RPCS, "ours (mean)", "Go reference (p99)", "Python floor"]:
+        assert name in latency, name
+    assert "<dc:date>" not in loop + latency, "a date makes every rerun a diff"
+    results = (out / "results.md").read_text()
+    assert "![loop](loop.svg)" in results and "![latency](latency.svg)" in results

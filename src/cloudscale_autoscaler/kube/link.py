@@ -4,7 +4,8 @@ Without leader election the drift check runs from the start. With it, the replic
 Lease loads the inventory from the cloud (retrying, not ready, until a listing succeeds), then
 opens the serving gate and starts the drift check; a replica that loses the Lease closes the
 gate at once (the elector does), stops the drift check and drops creations it has not sent yet
-(the new leader counts what exists).
+(the new leader counts what exists). Events (kube/recorder.py) are written from the start;
+the recorder itself keeps a standby's out.
 """
 
 from __future__ import annotations

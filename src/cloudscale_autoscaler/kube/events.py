@@ -123,8 +123,13 @@ class Aggregator:
         excess = len(self._tallies) - self._tally_limit
         if excess <= 0:
             return
-        idle = [key for key in self._tallies if key not in self._pending]
-        for key in idle[:excess]:
+        idle: list[Key] = []
+        for key in self._tallies:  # from the front: stops after at most the waiting ones
+            if key not in self._pending:
+                idle.append(key)
+                if len(idle) == excess:
+                    break
+        for key in idle:
             del self._tallies[key]
 
     @property

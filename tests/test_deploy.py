@@ -675,7 +675,8 @@ def rules_of(bundle: Bundle, kind: str, subject: Doc) -> list[Doc]:
 
 def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     """With the `kubernetes` section: a token, RBAC for exactly what the provider does (read
-    Nodes; create, get and update its own Lease and label Pods in its namespace) and, with
+    Nodes; create and patch Events; create, get and update its own Lease and label Pods in
+    its namespace), the downward API's Pod name, namespace and uid and, with
     several replicas, leader election, one replica per node, a rolling update one at a time,
     and a PDB unless turned off. Without it: none of that, and Recreate."""
     deployment = bundle.provider()
@@ -692,7 +693,8 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}
         return
     assert rules_of(bundle, "ClusterRole", subject) == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
     election = kube["leaderElection"]
     assert election["enabled"] is True and replicas == 2
@@ -720,7 +722,11 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     env = {
         e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container_of(deployment)["env"]
     }
-    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "POD_UID": "metadata.uid",
+    }
 
 
 def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:

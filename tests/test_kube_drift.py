@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.emulator import TOKEN, RunningEmulator
-from fixtures.kube import NEEDS_KUBE, Kube
-from fixtures.stack import CLUSTER, StackFactory, group, group_tags
+from fixtures.kube import NAMESPACE, NEEDS_KUBE, Kube
+from fixtures.stack import CLUSTER, StackFactory, group, group_tags, wait_until
 from fixtures.tools import run_cli
 from kubernetes import client as k8s
 
@@ -184,6 +184,45 @@ async def test_drift_check_reports_gauges_and_warnings(
         )
         == 3
     )
+
+
+async def test_drift_found_is_an_event_per_group_and_field_on_the_providers_pod(
+    stack: StackFactory,
+    kube: Kube,
+    nodes: Nodes,
+    emulator: RunningEmulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pod = f"provider-{uuid.uuid4().hex[:6]}"
+    for variable, value in (("POD_NAME", pod), ("POD_NAMESPACE", NAMESPACE), ("POD_UID", pod)):
+        monkeypatch.setenv(variable, value)  # the downward API's, read when the link starts
+    s, suffix = await arrange(stack, kube, nodes, emulator)
+    link = s.provider.link
+    assert link is not None
+    await link.watch.check_once()
+    await link.watch.check_once()  # the same drift again: counted, not a new Event
+    selector = f"involvedObject.name={pod},involvedObject.uid={pod},reason=TemplateDrift"
+    core = k8s.CoreV1Api(kube.client())
+    found: list[Any] = []
+
+    async def both_counted_twice() -> bool:
+        listed = await asyncio.to_thread(
+            core.list_namespaced_event, NAMESPACE, field_selector=selector
+        )
+        found[:] = listed.items
+        return sorted(e.count for e in found) == [2, 2]
+
+    await wait_until(both_counted_twice, 30, "no two TemplateDrift Events counted twice")
+    messages = sorted(e.message for e in found)
+    assert messages[0].startswith(
+        "template drift in node group workers, allocatable.memory: template 7580Mi, "
+        f"node short-{suffix} reports 6822Mi (-10.0%)"
+    ), messages
+    assert messages[1].startswith(
+        'template drift in node group workers, labels["role"]: template worker, '
+        f"node unlabeled-{suffix} reports (absent)"
+    ), messages
+    assert {e.type for e in found} == {"Warning"}
 
 
 def write_drift_config(tmp_path: Path, emulator: RunningEmulator, kubeconfig: Path | None) -> Path:

@@ -160,7 +160,7 @@ async def replicas(
                     },
                 },
             )  # fmt: skip
-            env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
+            env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_UID": pod.metadata.uid}
             started[name] = await start_serve(config, log_level="info", metrics=True, env=env)
         yield started
     finally:
@@ -244,6 +244,23 @@ async def test_the_grpc_service_lists_the_leader_alone_and_follows_a_failover(
     failover = time.monotonic() - killed
     assert failover < LEASE_SECONDS + ENDPOINT_SLACK_SECONDS, failover
     print(f"EndpointSlice failover: {failover:.1f}s")
+    await leadership_event_shown(cluster, standby)
+
+
+async def leadership_event_shown(cluster: Cluster, pod_name: str) -> None:
+    """The new leader's LeadershipGained Event, written with the chart's RBAC, where `kubectl
+    describe pod` looks: the Pod's namespace, selected by its uid."""
+    core = cluster.core()
+    pod = await asyncio.to_thread(core.read_namespaced_pod, pod_name, NAMESPACE)
+    selector = f"involvedObject.uid={pod.metadata.uid},reason=LeadershipGained"
+
+    async def shown() -> bool:
+        found = await asyncio.to_thread(
+            core.list_namespaced_event, NAMESPACE, field_selector=selector
+        )
+        return len(found.items) == 1
+
+    await wait_until(shown, 30, f"no LeadershipGained Event on Pod {pod_name}")
 
 
 async def test_the_kustomize_base_rolls_out_two_replicas(cluster: Cluster) -> None:

@@ -40,6 +40,7 @@ from cloudscale_autoscaler.engine.errors import (
 from cloudscale_autoscaler.engine.group import GroupState
 from cloudscale_autoscaler.engine.inventory import API_UNREACHABLE, Inventory
 from cloudscale_autoscaler.engine.networks import NetworkResolver
+from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.providerid import format_provider_id, placeholder_provider_id
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.engine.userdata import UserDataError
@@ -55,6 +56,7 @@ class Creations:
         inventory: Inventory,
         background: Background,
         catalog: Catalog,
+        observer: Observer,
         clock: Callable[[], float],
     ) -> None:
         self._config = config
@@ -62,6 +64,7 @@ class Creations:
         self._inventory = inventory
         self._background = background
         self._catalog = catalog
+        self._observer = observer
         self._networks = NetworkResolver(cloud)
         self._clock = clock
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
@@ -216,6 +219,7 @@ class Creations:
         batch.first_error = batch.first_error or error
         batch.placeholder_ids.append(placeholder.ident)
         batch.record()
+        self._observer.creation_failed(group.name, error)
 
     def _stop_batch(self, group: GroupState, batch: Batch, error: CloudError) -> None:
         """The creates of `batch` not yet sent would be refused the same way: record them as

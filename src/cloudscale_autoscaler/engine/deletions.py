@@ -40,15 +40,19 @@ from cloudscale_autoscaler.engine.group import (
     Resolved,
 )
 from cloudscale_autoscaler.engine.inventory import Inventory
+from cloudscale_autoscaler.engine.observer import Observer
 
 log = logging.getLogger(__name__)
 
 
 class Deletions:
-    def __init__(self, cloud: Cloud, inventory: Inventory, background: Background) -> None:
+    def __init__(
+        self, cloud: Cloud, inventory: Inventory, background: Background, observer: Observer
+    ) -> None:
         self._cloud = cloud
         self._inventory = inventory
         self._background = background
+        self._observer = observer
 
     # --- NodeGroupDeleteNodes -------------------------------------------------------------
 
@@ -68,7 +72,7 @@ class Deletions:
             if isinstance(item, RemovePlaceholder):
                 group.remove_placeholder(item.ident)
             elif isinstance(item, DeleteServer):
-                waits.append((item.node, self._start(group, item.uuid)))
+                waits.append((item.node, self._start(group, item.uuid, item.node.name)))
             elif item.uuid is not None and item.uuid in group.deleting:
                 waits.append((item.node, group.deleting[item.uuid]))  # share it
         if not waits:
@@ -121,21 +125,23 @@ class Deletions:
 
     # --- one deletion ---------------------------------------------------------------------
 
-    def _start(self, group: GroupState, uuid: str) -> asyncio.Task[None]:
+    def _start(self, group: GroupState, uuid: str, node: str = "") -> asyncio.Task[None]:
+        """`node`: the Node name CA sent, if any (for the observer)."""
         task = group.deleting.get(uuid)
         if task is None:
-            task = group.deleting[uuid] = self._background.spawn(self._delete(group, uuid))
+            task = group.deleting[uuid] = self._background.spawn(self._delete(group, uuid, node))
             # Resumed deletions have no waiter: their failure is logged, not left unretrieved.
             task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return task
 
-    async def _delete(self, group: GroupState, uuid: str) -> None:
+    async def _delete(self, group: GroupState, uuid: str, node: str) -> None:
         try:
             await self._tagged_delete(group, uuid)
         except BaseException as error:
             group.deleting.pop(uuid, None)
             if isinstance(error, CloudError):
                 log.warning("group %s: deleting server %s failed: %s", group.name, uuid, error)
+                self._observer.deletion_failed(group.name, uuid, node, error)
             raise
         group.deleting.pop(uuid, None)
         group.deleted[uuid] = self._inventory.tick()

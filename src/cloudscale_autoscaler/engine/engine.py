@@ -34,6 +34,7 @@ from cloudscale_autoscaler.engine.deletions import Deletions
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, Unimplemented
 from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.engine.inventory import Inventory, api_problem
+from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.pricing import Pricer
 from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, group_status
 from cloudscale_autoscaler.metrics import GroupStats
@@ -58,10 +59,12 @@ class Engine:
         self._background = Background()
         self._inventory = Inventory(config, cloud, self._background, clock)
         self._catalog = Catalog(config, cloud)
+        # Failed creations and deletions as they happen, for whoever subscribes.
+        self.observer = Observer()
         self._creations = Creations(
-            config, cloud, self._inventory, self._background, self._catalog, clock
+            config, cloud, self._inventory, self._background, self._catalog, self.observer, clock
         )
-        self._deletions = Deletions(cloud, self._inventory, self._background)
+        self._deletions = Deletions(cloud, self._inventory, self._background, self.observer)
         # None without `pricing`: the pricing RPCs then answer UNIMPLEMENTED.
         self.pricing = (
             Pricer(config, config.pricing, self._catalog, self._inventory.group_name_of)

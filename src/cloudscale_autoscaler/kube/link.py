@@ -1,10 +1,11 @@
-"""A serving provider's connection to its cluster: leader election and drift checks.
+"""A serving provider's connection to its cluster: leader election, drift checks and Events.
 
 Without leader election the drift check runs from the start. With it, the replica holding the
 Lease loads the inventory from the cloud (retrying, not ready, until a listing succeeds), then
 opens the serving gate and starts the drift check; a replica that loses the Lease closes the
 gate at once (the elector does), stops the drift check and drops creations it has not sent yet
-(the new leader counts what exists).
+(the new leader counts what exists). Events (kube/recorder.py) are written from the start;
+the recorder itself keeps a standby's out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
 from cloudscale_autoscaler.kube.podlabel import LeaderLabel
+from cloudscale_autoscaler.kube.recorder import EventRecorder, own_pod
 from cloudscale_autoscaler.kube.watch import DriftWatch
 from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.serving import Serving
@@ -105,8 +107,6 @@ class ClusterLink:
         self._settings = settings
         self._engine = engine
         self._api = KubeApi(client)
-        self.watch = DriftWatch(config, engine, self._api, settings.drift_tolerance)
-        metrics.registry.register(self.watch)
         self._drift_task: asyncio.Task[None] | None = None
         self._elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
@@ -128,6 +128,14 @@ class ClusterLink:
             self.label = _leader_label(self._api, namespace, election.retry_period_seconds)
             if self.label is not None:
                 self.serving.subscribe(self.label.want)
+        self.events = EventRecorder(self._api, self.serving, own_pod())
+        metrics.registry.register(self.events)
+        engine.observer.subscribe(self.events)
+        self._events_task: asyncio.Task[None] | None = None
+        self.watch = DriftWatch(
+            config, engine, self._api, settings.drift_tolerance, on_drift=self.events.drift
+        )
+        metrics.registry.register(self.watch)
 
     @property
     def elects(self) -> bool:
@@ -139,6 +147,7 @@ class ClusterLink:
         return None if self._elector is None else self._elector.identity
 
     def start(self) -> None:
+        self._events_task = asyncio.create_task(self.events.run())
         if self._elector is not None:
             self._elector_task = asyncio.create_task(self._elector.run())
             if self.label is not None:
@@ -191,6 +200,10 @@ class ClusterLink:
                 await self.label.remove()
             await self._elector.release()
         self._stop_drift()
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events_task
         await asyncio.to_thread(self._api.close)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -25,18 +25,27 @@ from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.kube.api import KubeApi, KubeError
 from cloudscale_autoscaler.kube.check import DriftReport, check
-from cloudscale_autoscaler.kube.drift import KINDS, warning_line
+from cloudscale_autoscaler.kube.drift import KINDS, GroupDrift, warning_line
 from cloudscale_autoscaler.metrics import NAMESPACE
 
 log = logging.getLogger(__name__)
 
 
 class DriftWatch(Collector):
-    def __init__(self, config: Config, engine: Engine, api: KubeApi, tolerance: float) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        api: KubeApi,
+        tolerance: float,
+        on_drift: Callable[[GroupDrift], None],
+    ) -> None:
+        """`on_drift` is told each group and field found drifting (as warned), each check."""
         self._config = config
         self._engine = engine
         self._api = api
         self._tolerance = tolerance
+        self._on_drift = on_drift
         self.report: DriftReport | None = None
         self.last_check_unix = 0.0
 
@@ -62,6 +71,7 @@ class DriftWatch(Collector):
                 log.warning("template drift check: node group %s: %s", group.group, group.problem)
             for drift in group.drifts:
                 log.warning(warning_line(drift))
+                self._on_drift(drift)
         self.report = report
         self.last_check_unix = time.time()
         return report

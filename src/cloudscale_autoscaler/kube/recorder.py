@@ -1,0 +1,219 @@
+"""The provider's Kubernetes Events: what the engine, the leader election and the drift check
+report, aggregated (kube/events.py) and written by one background task.
+
+- Recording never waits: it updates a tally and queues its key in one synchronous stretch on
+  the loop. One task writes what is queued, one Event at a time, each call bounded by
+  WRITE_TIMEOUT_SECONDS, then rests FLUSH_SECONDS before the next round: a slow or refusing
+  API server delays the Events, never an RPC, and a storm costs one write per Event a round.
+- Only the serving replica records (the leader, with leader election): a standby has nothing
+  to report, and two replicas must not tell the same story twice. Leadership changes are the
+  exception: each replica reports its own, on its own Pod.
+- A failed write is counted and logged once (until a write succeeds again), never raised;
+  the Event's next occurrence writes its total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.engine import refusals
+from cloudscale_autoscaler.kube.api import KubeError, Obj, own_namespace
+from cloudscale_autoscaler.kube.drift import GroupDrift, warning_line
+from cloudscale_autoscaler.kube.events import (
+    NORMAL,
+    WARNING,
+    Aggregator,
+    Regarding,
+    Write,
+    event_name,
+    event_update,
+    new_event,
+)
+from cloudscale_autoscaler.kube.lease import default_identity
+from cloudscale_autoscaler.metrics import NAMESPACE
+from cloudscale_autoscaler.serving import Serving
+
+log = logging.getLogger(__name__)
+
+CREATION_REFUSED = "CreationRefused"
+DELETION_FAILED = "DeletionFailed"
+LEADERSHIP_GAINED = "LeadershipGained"
+LEADERSHIP_LOST = "LeadershipLost"
+TEMPLATE_DRIFT = "TemplateDrift"
+WRITE_TIMEOUT_SECONDS = 5.0
+FLUSH_SECONDS = 1.0
+
+
+class EventApi(Protocol):
+    async def create_event(self, namespace: str, body: Obj, limit: float) -> Obj: ...
+
+    async def patch_event(self, namespace: str, name: str, body: Obj, limit: float) -> Obj: ...
+
+
+def own_pod() -> Regarding | None:
+    """This replica's Pod (POD_NAME, POD_NAMESPACE and POD_UID from the downward API), or None
+    outside a pod."""
+    name, namespace = os.environ.get("POD_NAME"), own_namespace()
+    if not name or not namespace:
+        return None
+    return Regarding("Pod", name, namespace, os.environ.get("POD_UID", ""))
+
+
+def refusal_message(group: str, error: CloudError) -> str | None:
+    """The Event text of a failed creation, None unless the API refused it (quota, capacity,
+    token, image, ...): transient failures are retried, CA's backoff and the logs cover them."""
+    if not refusals.stops_batch(error):
+        return None
+    return f"node group {group}: the cloud API refused to create a server ({error.code}): {error}"
+
+
+class EventRecorder(Collector):
+    def __init__(
+        self,
+        api: EventApi,
+        serving: Serving,
+        pod: Regarding | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._serving = serving
+        self._pod = pod
+        self._instance = default_identity()
+        self._clock = clock
+        self._aggregator = Aggregator()
+        self._wake = asyncio.Event()
+        self._failing = False
+        self.writes = {"ok": 0, "error": 0}
+        if pod is None:
+            log.info(
+                "events: no POD_NAME (not in a pod): Events about this replica are not written"
+            )
+        serving.subscribe(self.leadership)
+
+    # --- what happened --------------------------------------------------------------------
+
+    def creation_failed(self, group: str, error: CloudError) -> None:
+        message = refusal_message(group, error)
+        if message is not None:
+            self._record(self._pod, WARNING, CREATION_REFUSED, message)
+
+    def deletion_failed(self, group: str, uuid: str, node: str, error: CloudError) -> None:
+        """On the Node when CA named it, else on this replica's Pod."""
+        regarding = Regarding("Node", node, uid=node) if node else self._pod
+        message = f"node group {group}: deleting server {uuid} failed ({error.code}): {error}"
+        self._record(regarding, WARNING, DELETION_FAILED, message, same=f"{group}/{uuid}")
+
+    def drift(self, drift: GroupDrift) -> None:
+        same = f"{drift.group}/{drift.field}"
+        self._record(self._pod, WARNING, TEMPLATE_DRIFT, warning_line(drift), same=same)
+
+    def leadership(self, serving: bool) -> None:
+        """Called by the serving gate as it opens (True) or closes (False)."""
+        lease = self._serving.lease
+        if serving:
+            message = f"{self._instance} leads (Lease {lease}) and serves the CloudProvider RPCs"
+            reason, type_ = LEADERSHIP_GAINED, NORMAL
+        else:
+            why = self._serving.refusal() or "standby now"
+            message = f"{self._instance} stopped serving the CloudProvider RPCs: {why}"
+            reason, type_ = LEADERSHIP_LOST, WARNING
+        self._record(self._pod, type_, reason, message, same=reason, always=True)
+
+    def _record(
+        self,
+        regarding: Regarding | None,
+        type_: str,
+        reason: str,
+        message: str,
+        same: str | None = None,
+        *,
+        always: bool = False,
+    ) -> None:
+        if regarding is None or not (always or self._serving.active):
+            return
+        self._aggregator.record(regarding, type_, reason, message, self._clock(), same)
+        self._wake.set()
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write what is queued, round after round, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while (write := self._aggregator.take()) is not None:
+                await self._write(write)
+            await asyncio.sleep(FLUSH_SECONDS)
+
+    async def _write(self, write: Write) -> None:
+        event = write.event
+        namespace = event.regarding.event_namespace
+        name = event.name
+        try:
+            if name is not None:
+                name = await self._update(namespace, name, write)
+            if name is None:
+                name = event_name(event.regarding)
+                body = new_event(event, name, self._instance)
+                await self._api.create_event(namespace, body, WRITE_TIMEOUT_SECONDS)
+        except KubeError as exc:
+            self._failed(write, exc)
+            return
+        self._aggregator.written(write, name)
+        self.writes["ok"] += 1
+        if self._failing:
+            log.info("events: writing Events works again")
+            self._failing = False
+
+    async def _update(self, namespace: str, name: str, write: Write) -> str | None:
+        """Patch the existing Event; None when it is gone (the API server keeps Events for
+        an hour by default): then a new one is created."""
+        try:
+            await self._api.patch_event(
+                namespace, name, event_update(write.event), WRITE_TIMEOUT_SECONDS
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return name
+
+    def _failed(self, write: Write, error: KubeError) -> None:
+        self.writes["error"] += 1
+        if not self._failing:
+            event = write.event
+            log.warning(
+                "events: writing Event %s about %s %s failed (not logged again until a write "
+                "succeeds; its next occurrence writes the total): %s",
+                event.reason,
+                event.regarding.kind,
+                event.regarding.name,
+                error,
+            )
+            self._failing = True
+
+    # --- metrics --------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        writes = CounterMetricFamily(
+            f"{NAMESPACE}_kube_event_writes",
+            "Kubernetes Event creations and updates sent, by result (ok, error).",
+            labels=["result"],
+        )
+        for result, count in self.writes.items():
+            writes.add_metric([result], float(count))
+        dropped = CounterMetricFamily(
+            f"{NAMESPACE}_kube_events_dropped",
+            "Kubernetes Event writes dropped unsent because the queue was full.",
+        )
+        dropped.add_metric([], float(self._aggregator.dropped))
+        yield from (writes, dropped)

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    # httpx logs every request at INFO (the fixtures poll kube-apiserver's /readyz with it).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     out: Path = args.out.resolve()
     if args.workload == "real-ca":
         for flag, given in (("--smoke", args.smoke), ("--pattern", args.pattern),
@@ -137,9 +139,11 @@ def _real_ca(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Pat
     out.mkdir(parents=True, exist_ok=True)
     try:
         result = run_real_ca(plan, out, command)
-    except (testbed.ToolUnavailable, testbed.StartFailed) as exc:
+    except (testbed.ToolUnavailable, testbed.StartFailed, RuntimeError) as exc:
+        # A tool that is missing, a process that did not start or exited, a cluster CA did not
+        # see as idle: the reason, with the log tail it names, is the whole story.
         print(f"python -m bench --workload real-ca: {exc}", file=sys.stderr)
-        return 2
+        return 1
     (out / "real-ca.json").write_text(json.dumps(result, indent=2) + "\n")
     section = report.markdown(result)
     (out / "real-ca.md").write_text(section)

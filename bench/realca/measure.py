@@ -2,9 +2,9 @@
 loop costs CA, our server and the emulator, and what CA's first loop after its start costs.
 
 Loops are counted by CA's own histogram `cluster_autoscaler_function_duration_seconds`
-(function="main": one observation per RunOnce). At the end of every loop (seen within
-POLL_SECONDS, well inside the scan interval CA then waits) the run takes a snapshot: CA's and
-our server's metrics and the CPU time of CA, our server and the emulator. What happened in a
+(function="main": one observation per RunOnce). At the end of every loop (seen within a
+fifth of the scan interval CA then waits, at most 2 s) the run takes a snapshot: CA's and our
+server's metrics and the CPU time of CA, our server and the emulator. What happened in a
 loop is the difference between two snapshots: it includes the scan interval's idle wait
 after the loop, and whatever CA and our server do in the background meanwhile.
 """
@@ -37,9 +37,10 @@ from bench.stack import (
 
 log = logging.getLogger("bench")
 
-# How often CA's /metrics is read to see a loop end. Each read costs CA a little CPU, counted
-# in its CPU per loop: every 2 s is a few reads per loop.
-POLL_SECONDS = 2.0
+# How often CA's /metrics is read to see a loop end: every 2 s, or a fifth of the scan
+# interval if that is shorter, so that every snapshot falls into the wait after a loop, well
+# before the next one starts. Each read costs CA a little CPU, counted in its CPU per loop.
+MAX_POLL_SECONDS = 2.0
 FUNCTION_SUM = "cluster_autoscaler_function_duration_seconds_sum"
 FUNCTION_COUNT = "cluster_autoscaler_function_duration_seconds_count"
 CA_NODES = "cluster_autoscaler_nodes_count"
@@ -198,11 +199,14 @@ def _watch_loops(
     """A snapshot at the end of each of CA's first `loops` loops."""
     snapshots: list[Snapshot] = []
     seen = 0
+    poll = min(MAX_POLL_SECONDS, bench.plan.scan_interval_s / 5)
     deadline = time.monotonic() + bench.plan.loop_timeout_s
     while seen < loops:
         ca.proc.check_alive()
         current = _scrape_ca(ca)
         count = int(current.value(FUNCTION_COUNT, function="main"))
+        if count > seen + 1:
+            raise RuntimeError(f"CA {version}: loop {seen + 1} ended unseen (the machine stalled?)")
         if count > seen:
             snapshots.append(_snapshot(current, server, bench.emulator, ca.proc))
             seen = count
@@ -212,9 +216,7 @@ def _watch_loops(
                 f"CA {version}: loop {seen + 1} did not end within "
                 f"{bench.plan.loop_timeout_s:.0f}s; its log:\n{ca.proc.log_tail()}"
             )
-        time.sleep(POLL_SECONDS)
-    if snapshots[0].loops != 1:
-        raise RuntimeError(f"CA {version}: its first loop ended unseen (polled too rarely)")
+        time.sleep(poll)
     return snapshots
 
 

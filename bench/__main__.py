@@ -6,49 +6,104 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import shutil
 import sys
 from pathlib import Path
 
-from bench.plan import FULL, PATTERNS, SMOKE
+from bench import resultsmd
+from bench.plan import FULL, PATTERNS, SMOKE, RealCaPlan
 from bench.plots import draw
 from bench.report import markdown
 from bench.run import run
 
 BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_MD = BENCH_DIR / "RESULTS.md"
+REAL_CA_SIZES = (1000, 5000)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _sizes(text: str) -> tuple[int, ...]:
+    """ "1000,5000" -> (1000, 5000)."""
+    sizes = []
+    for item in text.split(","):
+        if not item.strip().isdigit() or int(item) < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not a positive whole number")
+        sizes.append(int(item))
+    return tuple(sizes)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a small configuration (N=100, G=1, 2 loops): seconds, for CI",
+        "--workload",
+        choices=("default", "real-ca"),
+        default="default",
+        help="default: the Go client's workloads (a-f); real-ca: the real Cluster Autoscaler "
+        "binaries against N idle nodes (minutes per generation and size)",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=BENCH_DIR / "out",
-        help="where results.json, results.md, logs and builds go",
+        help="where the JSON, the markdown, logs and builds go",
     )
     parser.add_argument(
         "--no-results-md",
         action="store_true",
-        help="do not copy the table to bench/RESULTS.md (a --smoke run never does)",
+        help="do not write bench/RESULTS.md (a --smoke run never does)",
     )
-    parser.add_argument(
+    default = parser.add_argument_group("the default workload")
+    default.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a small configuration (N=100, G=1, 2 loops): seconds, for CI",
+    )
+    default.add_argument(
         "--no-plot", action="store_true", help="skip the SVG plots (loop.svg, latency.svg)"
     )
-    parser.add_argument(
+    default.add_argument(
         "--pattern",
         action="append",
         choices=sorted(PATTERNS),
         help="CA loop pattern(s) to run, by CA generation (repeatable; default: all)",
     )
+    real_ca = parser.add_argument_group("--workload real-ca")
+    real_ca.add_argument("--sizes", type=_sizes, help="N, comma-separated (default: 1000,5000)")
+    real_ca.add_argument(
+        "--generations",
+        help="CA versions as tests/fixtures/autoscaler.py pins them, comma-separated "
+        "(default: all)",
+    )
+    real_ca.add_argument(
+        "--loops", type=int, help="steady loops measured after the first one (default: 5)"
+    )
+    real_ca.add_argument("--scan-interval", type=int, help="CA's --scan-interval, s (default: 10)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-
+    # httpx logs every request at INFO (the fixtures poll kube-apiserver's /readyz with it).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     out: Path = args.out.resolve()
+    if args.workload == "real-ca":
+        for flag, given in (("--smoke", args.smoke), ("--pattern", args.pattern),
+                            ("--no-plot", args.no_plot)):  # fmt: skip
+            if given:
+                parser.error(f"{flag} applies to the default workload, not to real-ca")
+        command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+        return _real_ca(parser, args, out, command)
+    real_ca_only = {"--sizes": args.sizes, "--generations": args.generations,
+                    "--loops": args.loops, "--scan-interval": args.scan_interval}  # fmt: skip
+    for flag, value in real_ca_only.items():
+        if value is not None:
+            parser.error(f"{flag} applies to --workload real-ca only")
+    return _default(args, out)
+
+
+def _default(args: argparse.Namespace, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plan = SMOKE if args.smoke else FULL
     if args.pattern:
@@ -63,11 +118,46 @@ def main(argv: list[str] | None = None) -> int:
         table += "\n## Plots\n" + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     (out / "results.md").write_text(table)
     if not args.smoke and not args.no_results_md:
+        resultsmd.write_main(RESULTS_MD, table)
         # The plots sit beside RESULTS.md, which links them by name.
-        for path in [out / "results.md", *plots]:
-            target = "RESULTS.md" if path.name == "results.md" else path.name
-            shutil.copyfile(path, BENCH_DIR / target)
+        for path in plots:
+            shutil.copyfile(path, BENCH_DIR / path.name)
     print(table)
+    return 0
+
+
+def _real_ca(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path,
+             command: str) -> int:  # fmt: skip
+    # Imported here: it reaches into tests/fixtures, which the default workload does not need.
+    from bench.realca import report, testbed
+    from bench.realca.run import run_real_ca
+
+    known = list(testbed.GENERATIONS)
+    generations = tuple(args.generations.split(",")) if args.generations else tuple(known)
+    if unknown := [g for g in generations if g not in known]:
+        parser.error(f"--generations: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    for flag, value in (("--loops", args.loops), ("--scan-interval", args.scan_interval)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    plan = RealCaPlan(sizes=args.sizes or REAL_CA_SIZES, generations=generations)
+    if args.loops is not None:
+        plan = dataclasses.replace(plan, steady_loops=args.loops)
+    if args.scan_interval is not None:
+        plan = dataclasses.replace(plan, scan_interval_s=args.scan_interval)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_real_ca(plan, out, command)
+    except (testbed.ToolUnavailable, testbed.StartFailed, RuntimeError) as exc:
+        # A tool that is missing, a process that did not start or exited, a cluster CA did not
+        # see as idle: the reason, with the log tail it names, is the whole story.
+        print(f"python -m bench --workload real-ca: {exc}", file=sys.stderr)
+        return 1
+    (out / "real-ca.json").write_text(json.dumps(result, indent=2) + "\n")
+    section = report.markdown(result)
+    (out / "real-ca.md").write_text(section)
+    if not args.no_results_md:
+        resultsmd.write_real_ca(RESULTS_MD, section)
+    print(section)
     return 0
 
 

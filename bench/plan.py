@@ -124,3 +124,17 @@ SMOKE = BenchPlan(
     ),
     max_seconds=120.0,
 )
+
+
+@dataclass(frozen=True)
+class RealCaPlan:
+    """The real Cluster Autoscaler binary of each generation against N idle nodes of ours in
+    one group (bench/README.md, "Real Cluster Autoscaler")."""
+
+    sizes: tuple[int, ...]
+    generations: tuple[str, ...]  # versions as tests/fixtures/autoscaler.py pins them
+    steady_loops: int = 5  # measured after the first loop
+    scan_interval_s: int = 10  # CA's --scan-interval (its default)
+    # How long CA may take from its start to the end of its first loop, and from one loop's
+    # end to the next one's.
+    loop_timeout_s: float = 900.0

@@ -201,13 +201,13 @@ def _no_worse(today: float, scale: float = 1.0) -> Callable[[float], bool]:
 # ---- markdown -----------------------------------------------------------------------------
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
 
 
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
@@ -238,7 +238,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Targets",
         "",
-        *_table(
+        *table(
             ["target", "limit", "measured", ""],
             [[t["target"], t["limit"], t["value"] or "-", _mark(t)] for t in targets(r)],
         ),
@@ -246,7 +246,7 @@ def markdown(report: dict[str, Any]) -> str:
         *_loop_lines(r["ca_loop"]),
         "## b. Single RPCs, sequential (µs per call; ratios = ours / Go reference, same run)",
         "",
-        *_table(
+        *table(
             [
                 "RPC",
                 "ours mean",
@@ -277,7 +277,7 @@ def markdown(report: dict[str, Any]) -> str:
         "The Python floor: a bare grpc.aio server (`bench/pyref.py`: same answers, same mTLS, "
         "no interceptors, no engine) measured in the same rounds.",
         "",
-        *_table(
+        *table(
             ["RPC", "floor mean", "p50", "p99", "CPU/call", "floor / Go ref", "ours / floor"],
             [
                 [
@@ -292,17 +292,17 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## c. Refresh alone (ms; CPU per call, provider and emulator apart)",
         "",
-        *_table(
+        *table(
             ["N (ours)", "G", "calls", "mean", "min", "provider CPU", "emulator CPU"],
             [
                 [
                     str(x["size"]),
                     str(x["groups"]),
                     str(x["calls"]),
-                    _ms(x["mean_s"]),
-                    _ms(x["min_s"]),
-                    _ms(x["provider_cpu_per_call_s"]),
-                    _ms(x["emulator_cpu_per_call_s"]),
+                    ms(x["mean_s"]),
+                    ms(x["min_s"]),
+                    ms(x["provider_cpu_per_call_s"]),
+                    ms(x["emulator_cpu_per_call_s"]),
                 ]
                 for x in r["refresh"]
             ],
@@ -311,7 +311,7 @@ def markdown(report: dict[str, Any]) -> str:
         *_increase_lines(r["increase"]),
         "## e. Provider memory after Refresh and a CA loop",
         "",
-        *_table(
+        *table(
             ["N", "G", "RSS MB", "peak RSS MB"],
             [
                 [
@@ -356,7 +356,7 @@ def _loop_lines(rows: list[dict[str, Any]]) -> list[str]:
                 ", ".join(f"{name} {count}" for name, count in calls.items() if count),
             ),
             "",
-            *_table(
+            *table(
                 [
                     "N",
                     "G",
@@ -386,16 +386,13 @@ def _loop_row(row: dict[str, Any]) -> list[str]:
         str(row["groups"]),
         str(ours["nodes"]),
         str(ours["rpcs_per_loop"]),
-        _ms(ours["loop_mean_s"]),
-        _ms(goref["loop_mean_s"]),
+        ms(ours["loop_mean_s"]),
+        ms(goref["loop_mean_s"]),
         _ratio(row["wall_ratio"]),
-        _ms(ours["provider_cpu_per_loop_s"]),
-        _ms(goref["provider_cpu_per_loop_s"]),
-        _ms(ours["emulator_cpu_per_loop_s"]),
-        *(
-            f"{_ms(ours['phases_mean_s'][p])} ({_ms(goref['phases_mean_s'][p])})"
-            for p in LOOP_PHASES
-        ),
+        ms(ours["provider_cpu_per_loop_s"]),
+        ms(goref["provider_cpu_per_loop_s"]),
+        ms(ours["emulator_cpu_per_loop_s"]),
+        *(f"{ms(ours['phases_mean_s'][p])} ({ms(goref['phases_mean_s'][p])})" for p in LOOP_PHASES),
         f"{ours['provider_rss_bytes'] / MB:.0f}",
         f"{goref['provider_rss_bytes'] / MB:.0f}",
     ]
@@ -411,7 +408,7 @@ def _forwarded_lines(rows: list[dict[str, Any]]) -> list[str]:
         "TemplateNodeInfo; IncreaseSize(delta=1); DeleteNodes of one node; Refresh "
         f"(listing {size:,} servers of ours). CPU/call is our server's, the emulator's apart.",
         "",
-        *_table(
+        *table(
             ["RPC", "calls", "mean", "p50", "p99", "CPU/call"],
             [[x["rpc"], str(x["calls"]), *_per_call(x)] for x in rows],
         ),
@@ -434,7 +431,7 @@ def _increase_lines(inc: dict[str, Any] | None) -> list[str]:
         f"Emulator: {inc['create_latency_s']:g} s per create; server: maxConcurrentCreates "
         f"{inc['max_concurrent_creates']}, requestsPerSecond {inc['requests_per_second']:g}.",
         "",
-        *_table(
+        *table(
             [
                 "RPC returned",
                 "RPC error",
@@ -445,7 +442,7 @@ def _increase_lines(inc: dict[str, Any] | None) -> list[str]:
             ],
             [
                 [
-                    _ms(inc["rpc_s"]) + " ms",
+                    ms(inc["rpc_s"]) + " ms",
                     inc["rpc_error"] or "-",
                     str(inc["created"]),
                     "-" if all_created is None else f"{all_created:.2f} s",

@@ -167,6 +167,10 @@ def populate(admin: EmulatorAdmin, layout: Layout) -> Population:
 class ServerSettings:
     max_concurrent_creates: int = 10
     requests_per_second: float | None = None
+    # Serve /metrics on a port of its own (Endpoint.metrics_url).
+    metrics: bool = False
+    # minSize = each group's population instead of 0: CA has nothing to scale down.
+    keep_population: bool = False
 
 
 def max_size(layout: Layout, index: int) -> int:
@@ -181,6 +185,7 @@ def write_server_config(
     port: int,
     layout: Layout,
     settings: ServerSettings,
+    metrics_port: int | None = None,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     token = directory / "token"
@@ -206,7 +211,7 @@ def write_server_config(
         "nodeGroups": [
             {
                 "name": name,
-                "minSize": 0,
+                "minSize": layout.per_group(i) if settings.keep_population else 0,
                 "maxSize": max_size(layout, i),
                 "flavor": FLAVOR,
                 "image": IMAGE,
@@ -216,6 +221,8 @@ def write_server_config(
             for i, name in enumerate(layout.group_names)
         ],
     }
+    if metrics_port is not None:
+        config["metrics"] = {"listen": f"127.0.0.1:{metrics_port}"}
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -249,6 +256,7 @@ class Endpoint:
 
     proc: Proc
     address: str
+    metrics_url: str | None = None  # our server's /metrics, when ServerSettings.metrics
 
 
 def start_emulator(procs: Processes) -> tuple[Proc, EmulatorAdmin]:
@@ -280,10 +288,14 @@ def start_server(
     settings: ServerSettings,
 ) -> Endpoint:
     port = free_port()
-    config = write_server_config(config_dir, pki, emulator, port, layout, settings)
+    metrics_port = free_port() if settings.metrics else None
+    config = write_server_config(config_dir, pki, emulator, port, layout, settings, metrics_port)
     proc = procs.start("server", cli("--log-level", "warning", "serve", "--config", str(config)))
     proc.wait_for_port(port)
-    return Endpoint(proc, f"127.0.0.1:{port}")
+    if metrics_port is None:
+        return Endpoint(proc, f"127.0.0.1:{port}")
+    proc.wait_for_port(metrics_port)
+    return Endpoint(proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics")
 
 
 def start_goref(procs: Processes, binary: Path, state: Path, pki: Pki) -> Endpoint:

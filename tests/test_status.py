@@ -88,9 +88,12 @@ def test_servers_are_counted_by_the_state_ca_sees(listed: Server, counted: str) 
     assert set(others.values()) == {0}
 
 
-def test_a_server_whose_delete_runs_counts_as_deleting() -> None:
+async def test_a_server_whose_delete_runs_counts_as_deleting() -> None:
     group = make_group(server(1), server(2))
-    group.deleting[server(1).uuid] = asyncio.Future()  # type: ignore[assignment]
+    # A future of the running loop: a bare asyncio.Future() needs a current loop, which an
+    # earlier test's asyncio.run may have left unset.
+    running = asyncio.get_running_loop().create_future()
+    group.deleting[server(1).uuid] = running  # type: ignore[assignment]
     counts = server_counts(group, NOW_UNIX)
     assert (counts.running, counts.deleting) == (1, 1)
 

@@ -26,8 +26,7 @@ from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.metrics import HealthServer, Metrics
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
-from cloudscale_autoscaler.service.gate import gated
+from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
 from cloudscale_autoscaler.serving import Serving
@@ -150,7 +149,7 @@ def _elects(provider: Provider) -> bool:
     return provider.link is not None and provider.link.elects
 
 
-def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
+def servicer_of(provider: Provider) -> CloudProviderService | GatedService:
     """What the transport serves: the service, behind the serving gate when replicas elect."""
     return gated(provider.service, provider.serving) if _elects(provider) else provider.service
 

@@ -2,7 +2,7 @@
 
 The gRPC server is the compiled transport, so the grpc package (grpcio, ~10 MB resident) is
 for clients and other commands only; the kubernetes client loads only with the `kubernetes:`
-section (app.py). Checked in a fresh interpreter that imports what `serve` imports before it
+section, aiohttp (~9 MB) only with `metrics.listen` (app.py). Checked in a fresh interpreter that imports what `serve` imports before it
 reads its config (RSS figures: bench/footprint.py).
 """
 
@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-NOT_LOADED_BY_SERVE = ("grpc", "grpc_tools", "grpc_reflection", "kubernetes")
+NOT_LOADED_BY_SERVE = ("grpc", "grpc_tools", "grpc_reflection", "kubernetes", "aiohttp")
 
 PROBE = """
 import json, sys
@@ -23,7 +23,7 @@ print(json.dumps(sorted({name.partition(".")[0] for name in sys.modules})))
 """
 
 
-def test_serve_path_imports_neither_grpc_nor_kubernetes() -> None:
+def test_serve_path_imports_neither_grpc_nor_kubernetes_nor_aiohttp() -> None:
     done = subprocess.run(
         [sys.executable, "-c", PROBE], check=True, capture_output=True, text=True, timeout=60
     )

@@ -35,16 +35,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.procs import Processes, memory_bytes
+import yaml
+
+from bench.procs import Processes, cli, free_port, memory_bytes
 from bench.stack import (
     EmulatorAdmin,
+    Endpoint,
     Layout,
     Pki,
     ServerSettings,
     make_certs,
     populate,
     start_emulator,
-    start_server,
     write_server_config,
 )
 
@@ -165,19 +167,42 @@ def _refresh_calls(address: str, pki: Pki, count: int) -> None:
             stub.Refresh(pb.RefreshRequest(), timeout=120)
 
 
-def serve_rss(
-    work: Path, pki: Pki, admin: EmulatorAdmin, procs: Processes, size: int
-) -> dict[str, int]:
-    populate(admin, Layout(size, GROUPS))
-    server = start_server(
-        procs, work / f"serve-{size}", pki, admin, Layout(size, GROUPS), ServerSettings()
+def _start_serve(
+    procs: Processes, directory: Path, pki: Pki, admin: EmulatorAdmin, size: int, metrics: bool
+) -> Endpoint:
+    """`serve` as the bench starts it; with `metrics`, also with the metrics endpoint (which
+    starts after the gRPC port, so that is waited for as well)."""
+    port = free_port()
+    config = write_server_config(
+        directory, pki, admin, port, Layout(size, GROUPS), ServerSettings()
     )
+    metrics_port = free_port()
+    if metrics:
+        document = yaml.safe_load(config.read_text())
+        document["metrics"] = {"listen": f"127.0.0.1:{metrics_port}"}
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
+    proc = procs.start(
+        f"serve-{size}", cli("--log-level", "warning", "serve", "--config", str(config))
+    )
+    proc.wait_for_port(port)
+    if metrics:
+        proc.wait_for_port(metrics_port)
+    return Endpoint(proc, f"127.0.0.1:{port}")
+
+
+def serve_rss(
+    work: Path, pki: Pki, admin: EmulatorAdmin, procs: Processes, size: int, metrics: bool
+) -> dict[str, Any]:
+    populate(admin, Layout(size, GROUPS))
+    label = f"{size}-metrics" if metrics else str(size)
+    server = _start_serve(procs, work / f"serve-{label}", pki, admin, size, metrics)
     try:
         started = server.proc.memory()["VmRSS"]
         _refresh_calls(server.address, pki, REFRESHES)
         memory = server.proc.memory()
         return {
             "size": size,
+            "metrics": metrics,
             "start": started,
             "refreshed": memory["VmRSS"],
             "peak": memory["VmHWM"],
@@ -196,7 +221,7 @@ def _mb(value: float) -> str:
 def _report(
     start: dict[str, Any],
     traced: dict[str, Any],
-    serve: list[dict[str, int]],
+    serve: list[dict[str, Any]],
     inventory: list[tuple[dict[str, Any], dict[str, Any]]],
 ) -> str:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -221,11 +246,12 @@ def _report(
         "",
         "### The serve process (G=10)",
         "",
-        f"| N | RSS after start MB | after {REFRESHES} Refreshes MB | peak MB |",
-        "|---|---|---|---|",
+        f"| N | metrics.listen | RSS after start MB | after {REFRESHES} Refreshes MB | peak MB |",
+        "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['size']} | {_mb(r['start'])} | {_mb(r['refreshed'])} | {_mb(r['peak'])} |"
+        f"| {r['size']} | {'set' if r['metrics'] else '-'} | {_mb(r['start'])} | "
+        f"{_mb(r['refreshed'])} | {_mb(r['peak'])} |"
         for r in serve
     ]
     lines += [
@@ -269,9 +295,10 @@ def run(sizes: Sequence[int], out: Path) -> str:
         try:
             pki = make_certs(work / "pki")
             _, admin = start_emulator(procs)
-            serve = [serve_rss(work, pki, admin, procs, size) for size in (0, *sizes)]
+            serve = [serve_rss(work, pki, admin, procs, size, False) for size in (0, *sizes)]
+            serve += [serve_rss(work, pki, admin, procs, size, True) for size in (0, sizes[-1])]
             config = write_server_config(
-                work / "inproc", pki, admin, _free(), Layout(1, GROUPS), ServerSettings()
+                work / "inproc", pki, admin, free_port(), Layout(1, GROUPS), ServerSettings()
             )
             port = admin.base.rsplit(":", 1)[1]
             inventory = [
@@ -286,12 +313,6 @@ def run(sizes: Sequence[int], out: Path) -> str:
     report = _report(start, traced, serve, inventory)
     (out / "footprint.md").write_text(report)
     return report
-
-
-def _free() -> int:
-    from bench.procs import free_port
-
-    return free_port()
 
 
 CHILDREN: dict[str, Callable[[], dict[str, Any]]] = {

@@ -2,8 +2,9 @@
 
 The gRPC server is the compiled transport, so the grpc package (grpcio, ~10 MB resident) is
 for clients and other commands only; the kubernetes client loads only with the `kubernetes:`
-section, aiohttp (~9 MB) only with `metrics.listen` (app.py). Checked in a fresh interpreter that imports what `serve` imports before it
-reads its config (RSS figures: bench/footprint.py).
+section, aiohttp (~9 MB) only with `metrics.listen` (app.py). Checked in a fresh interpreter
+that imports what `serve` imports before it reads its config (RSS figures:
+bench/footprint.py).
 """
 
 from __future__ import annotations

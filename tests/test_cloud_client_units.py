@@ -28,6 +28,7 @@ from cloudscale_autoscaler.cloud.httperrors import (
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu, Image, Region, Server
 from cloudscale_autoscaler.cloud.parse import (
     decode,
+    decode_servers,
     parse_flavors,
     parse_images,
     parse_regions,
@@ -130,6 +131,66 @@ def test_parse_servers_many() -> None:
     servers = parse_servers(json.loads(json.dumps(raw)))
     assert [s.uuid for s in servers] == [r["uuid"] for r in raw]
     assert all(s.flavor_slug == "flex-8-4" and s.zone_slug == "lpg1" for s in servers)
+
+
+def _listing(count: int) -> list[dict[str, Any]]:
+    return [
+        dict(FULL_SERVER, uuid=f"{i:08d}-0000-0000-0000-000000000000", name=f"w-{i}")
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    "dump",
+    [
+        lambda raw: json.dumps(raw).encode(),
+        lambda raw: json.dumps(raw, indent=2).encode(),
+        lambda raw: json.dumps(raw, separators=(",", ":")).encode(),
+        lambda raw: (" \r\n\t" + json.dumps(raw).replace(", {", " ,\n{") + "\n").encode(),
+        lambda raw: json.dumps(raw).encode("utf-16"),
+    ],
+    ids=["plain", "indented", "compact", "odd-whitespace", "utf-16"],
+)
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_decode_servers_one_at_a_time_reads_what_json_loads_reads(dump: Any, count: int) -> None:
+    body = dump(_listing(count))
+    assert decode_servers(body, "list_servers") == parse_servers(json.loads(body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[",
+        b'[{"uuid": "a"}',
+        b'[{"uuid": "a"} {"uuid": "b"}]',
+        b'[{"uuid": "a"},]',
+        b"[] x",
+        b"<html>",
+    ],
+)
+def test_decode_servers_refuses_what_json_loads_refuses(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        json.loads(body)
+    with pytest.raises(ValueError):
+        decode_servers(body, "list_servers")
+
+
+def test_decode_servers_of_a_body_that_is_no_array_says_what_it_got() -> None:
+    with pytest.raises(CloudError, match="expected a JSON array, got dict") as caught:
+        decode_servers(b' {"results": []}', "list_servers")
+    assert caught.value.operation == "list_servers"
+
+
+def test_decode_servers_keeps_one_copy_of_repeated_strings() -> None:
+    first, second = decode_servers(json.dumps(_listing(2)).encode())
+    assert first.status is second.status
+    assert first.flavor_slug is second.flavor_slug and first.zone_slug is second.zone_slug
+    for (key_a, value_a), (key_b, value_b) in zip(
+        first.tags.items(), second.tags.items(), strict=True
+    ):
+        assert key_a is key_b and value_a is value_b
+    assert first.name is not second.name
 
 
 # ---- flavors, images, regions ---------------------------------------------------------------

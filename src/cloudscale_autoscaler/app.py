@@ -25,9 +25,8 @@ from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
-from cloudscale_autoscaler.metrics import HealthServer, Metrics
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
-from cloudscale_autoscaler.service.gate import gated
+from cloudscale_autoscaler.metrics import Metrics
+from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
 from cloudscale_autoscaler.serving import Serving
@@ -41,6 +40,7 @@ from cloudscale_autoscaler.transport.server import (
 from cloudscale_autoscaler.transport.tls import TLSFileError
 
 if TYPE_CHECKING:
+    from cloudscale_autoscaler.endpoint import HealthServer
     from cloudscale_autoscaler.kube.link import ClusterLink
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _elects(provider: Provider) -> bool:
     return provider.link is not None and provider.link.elects
 
 
-def servicer_of(provider: Provider) -> pb_grpc.CloudProviderServicer:
+def servicer_of(provider: Provider) -> CloudProviderService | GatedService:
     """What the transport serves: the service, behind the serving gate when replicas elect."""
     return gated(provider.service, provider.serving) if _elects(provider) else provider.service
 
@@ -251,6 +251,9 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     health = None
     if config.metrics.listen is not None:
+        # Imported only here: without the endpoint nothing loads aiohttp.
+        from cloudscale_autoscaler.endpoint import HealthServer
+
         health = HealthServer(
             provider.metrics,
             readiness=lambda: _readiness(provider),

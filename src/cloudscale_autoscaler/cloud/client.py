@@ -44,12 +44,12 @@ from cloudscale_autoscaler.cloud.models import (
 )
 from cloudscale_autoscaler.cloud.parse import (
     decode,
+    decode_servers,
     parse_flavors,
     parse_images,
     parse_networks,
     parse_regions,
     parse_server,
-    parse_servers,
     parse_subnets,
 )
 from cloudscale_autoscaler.cloud.ratelimit import (
@@ -223,7 +223,7 @@ class CloudscaleClient:
         response = await self._call(
             operation, "GET", "servers", params={f"tag:{TAG_CLUSTER}": cluster}
         )
-        servers = self._decode(response, operation, parse_servers)
+        servers = self._decode_servers(response, operation)
         # The server-side filter is trusted for volume, not for correctness.
         mine = [server for server in servers if server.tags.get(TAG_CLUSTER) == cluster]
         if len(mine) != len(servers):
@@ -413,7 +413,7 @@ class CloudscaleClient:
         if response.status_code != 200:
             return self._error(response, LOOKUP_OPERATION)
         try:
-            servers = self._decode(response, LOOKUP_OPERATION, parse_servers)
+            servers = self._decode_servers(response, LOOKUP_OPERATION)
         except CloudError as exc:
             return exc
         matches = [s for s in servers if s.tags.get(TAG_REQUEST) == request_id]
@@ -559,8 +559,19 @@ class CloudscaleClient:
     def _decode(
         self, response: httpx.Response, operation: str, parse: Callable[[Any, str], T]
     ) -> T:
+        return self._read(
+            response,
+            operation,
+            lambda content: decode(content, lambda body: parse(body, operation)),
+        )
+
+    def _decode_servers(self, response: httpx.Response, operation: str) -> list[Server]:
+        return self._read(response, operation, lambda content: decode_servers(content, operation))
+
+    def _read(self, response: httpx.Response, operation: str, read: Callable[[bytes], T]) -> T:
+        """`read` of the body; a body that is not JSON is a CloudError."""
         try:
-            return decode(response.content, lambda body: parse(body, operation))
+            return read(response.content)
         except ValueError:
             snippet = redact(response.text[:200], self._secrets)
             raise CloudError(

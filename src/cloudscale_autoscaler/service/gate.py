@@ -10,18 +10,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
-
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.service.codes import StatusCode
 from cloudscale_autoscaler.service.provider import CloudProviderService, Context
 from cloudscale_autoscaler.serving import Serving
 
 RPC = Callable[[Any, Any, Context], Awaitable[Any]]
-_BASE = pb_grpc.CloudProviderServicer
 
 
-class GatedService(_BASE):
+class GatedService:
     def __init__(self, service: CloudProviderService, serving: Serving) -> None:
         self.service = service
         self.serving = serving
@@ -32,7 +29,7 @@ def _gate(implementation: RPC) -> RPC:
     async def rpc(self: GatedService, request: Any, context: Context) -> Any:
         refusal = self.serving.refusal()
         if refusal is not None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+            await context.abort(StatusCode.UNAVAILABLE, refusal)
         return await implementation(self.service, request, context)
 
     rpc.__name__ = implementation.__name__
@@ -40,8 +37,8 @@ def _gate(implementation: RPC) -> RPC:
 
 
 for _method in pb.DESCRIPTOR.services_by_name["CloudProvider"].methods:
-    _own = getattr(CloudProviderService, _method.name)
-    if _own is not getattr(_BASE, _method.name):
+    _own = getattr(CloudProviderService, _method.name, None)
+    if _own is not None:
         setattr(GatedService, _method.name, _gate(_own))
 
 

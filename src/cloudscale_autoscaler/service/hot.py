@@ -92,7 +92,7 @@ class HotAnswers:
                     group.name, pb.NodeGroupAutoscalingOptions()
                 )
             except EngineError as error:
-                answers[group.name] = (status_code(error).value[0], str(error))
+                answers[group.name] = (status_code(error).value, str(error))
             else:
                 answers[group.name] = response.SerializeToString()
         return answers

@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn, Protocol, TypeVar
 
-import grpc
 from google.protobuf import any_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
@@ -29,8 +28,8 @@ from cloudscale_autoscaler.engine.errors import (
 )
 from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service import pricing
+from cloudscale_autoscaler.service.codes import StatusCode
 from cloudscale_autoscaler.service.seen import CallsSeen
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
@@ -41,7 +40,7 @@ class Context(Protocol):
 
     def time_remaining(self) -> float | None: ...
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
+    async def abort(self, code: StatusCode, details: str) -> NoReturn: ...
 
 
 T = TypeVar("T")
@@ -50,22 +49,22 @@ T = TypeVar("T")
 DEADLINE_MARGIN_SECONDS = 0.3
 API_SLOW = "the cloudscale.ch API is slow"
 
-_CODES: dict[type[EngineError], grpc.StatusCode] = {
-    GroupNotFound: grpc.StatusCode.NOT_FOUND,
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    CloudUnavailable: grpc.StatusCode.UNAVAILABLE,
-    Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
+_CODES: dict[type[EngineError], StatusCode] = {
+    GroupNotFound: StatusCode.NOT_FOUND,
+    InvalidArgument: StatusCode.INVALID_ARGUMENT,
+    FailedPrecondition: StatusCode.FAILED_PRECONDITION,
+    PermissionDenied: StatusCode.PERMISSION_DENIED,
+    CloudUnavailable: StatusCode.UNAVAILABLE,
+    Unimplemented: StatusCode.UNIMPLEMENTED,
 }
 
 
-def status_code(error: EngineError) -> grpc.StatusCode:
+def status_code(error: EngineError) -> StatusCode:
     for cls in type(error).__mro__:
         code = _CODES.get(cls)
         if code is not None:
             return code
-    return grpc.StatusCode.INTERNAL
+    return StatusCode.INTERNAL
 
 
 async def _abort(context: Context, error: EngineError) -> NoReturn:
@@ -112,7 +111,7 @@ def _gpu_type_value(gpu_type: str) -> any_pb2.Any:
     return value
 
 
-class CloudProviderService(pb_grpc.CloudProviderServicer):
+class CloudProviderService:
     def __init__(self, config: Config, engine: Engine) -> None:
         # Public for the app's wiring (metrics, readiness).
         self.engine = engine

@@ -16,17 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
-import grpc
 from google.protobuf.message import Message
 
 from cloudscale_autoscaler.logs import request_id_var
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.service.codes import StatusCode
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["CloudProvider"]
-CODE_NAMES: dict[int, str] = {code.value[0]: code.name for code in grpc.StatusCode}
+CODE_NAMES: dict[int, str] = {code.value: code.name for code in StatusCode}
 
 
 class Reply(Protocol):
@@ -40,7 +39,7 @@ class Reply(Protocol):
 class RpcError(Exception):
     """Ends a call with a status other than OK (raised by `CallContext.abort`)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: StatusCode, details: str) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
@@ -59,7 +58,7 @@ class CallContext:
             return None
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+    async def abort(self, code: StatusCode, details: str) -> NoReturn:
         raise RpcError(code, details)
 
 
@@ -72,27 +71,26 @@ class Method:
     handler: Callable[[Any, CallContext], Any] | None
 
 
-def methods(servicer: pb_grpc.CloudProviderServicer) -> list[Method]:
-    """The CloudProvider RPCs in proto order, each with the servicer's method if overridden
-    (the generated base class would answer with a generic, unnamed message)."""
-    base = pb_grpc.CloudProviderServicer
+def methods(servicer: object) -> list[Method]:
+    """The CloudProvider RPCs in proto order, each with the servicer's method if it has one.
+    A servicer is any object with a coroutine method per RPC it implements, named as in the
+    proto (not grpc's generated base class: serving needs no grpc package)."""
     table = []
     for rpc in SERVICE.methods:
-        own = getattr(type(servicer), rpc.name, None)
-        overridden = own is not None and own is not getattr(base, rpc.name)
+        implemented = getattr(type(servicer), rpc.name, None) is not None
         table.append(
             Method(
                 rpc.name,
                 f"/{SERVICE.full_name}/{rpc.name}",
                 getattr(pb, rpc.input_type.name),
-                getattr(servicer, rpc.name) if overridden else None,
+                getattr(servicer, rpc.name) if implemented else None,
             )
         )
     return table
 
 
 class Calls:
-    def __init__(self, servicer: pb_grpc.CloudProviderServicer) -> None:
+    def __init__(self, servicer: object) -> None:
         self.methods = methods(servicer)
         # Publishes the hot answers after every forwarded call (see the module docstring).
         self.after_call: Callable[[], None] = lambda: None
@@ -128,15 +126,15 @@ class Calls:
             response = await self._answer(method, data, deadline)
         except RpcError as error:
             self._after_call()
-            reply.error(error.code.value[0], error.details)
+            reply.error(error.code.value, error.details)
         except asyncio.CancelledError:
             self._after_call()
-            reply.error(grpc.StatusCode.CANCELLED.value[0], "the server stopped")
+            reply.error(StatusCode.CANCELLED.value, "the server stopped")
             raise
         except Exception as error:
             log.exception("%s failed", method.path)
             self._after_call()
-            reply.error(grpc.StatusCode.UNKNOWN.value[0], f"Unexpected {type(error)!r}: {error}")
+            reply.error(StatusCode.UNKNOWN.value, f"Unexpected {type(error)!r}: {error}")
         else:
             self._after_call()
             reply.ok(response.SerializeToString())
@@ -144,14 +142,14 @@ class Calls:
     async def _answer(self, method: Method, data: bytes, deadline: float | None) -> Any:
         if method.handler is None:
             raise RpcError(
-                grpc.StatusCode.UNIMPLEMENTED,
+                StatusCode.UNIMPLEMENTED,
                 f"{method.name} is not implemented by cloudscale-autoscaler",
             )
         try:
             request = method.request_type.FromString(data)
         except Exception as exc:  # protobuf's DecodeError, whatever the parser raises
             raise RpcError(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                StatusCode.INVALID_ARGUMENT,
                 f"malformed request message for {method.path}: {str(exc) or type(exc).__name__}",
             ) from None
         return await method.handler(request, CallContext(deadline))

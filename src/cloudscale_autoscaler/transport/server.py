@@ -55,7 +55,6 @@ from cloudscale_autoscaler import _transport
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.metrics import RPC_BUCKETS, RpcReading
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
-from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
 from cloudscale_autoscaler.transport.clients import AllowedClients
 from cloudscale_autoscaler.transport.handshakes import RefusedHandshakes
@@ -260,7 +259,7 @@ def _credentials(config: Config, reload_interval: float) -> ReloadingCredentials
 
 async def start_server(
     config: Config,
-    servicer: pb_grpc.CloudProviderServicer,
+    servicer: object,
     *,
     listen: str | None = None,
     reload_interval: float = DEFAULT_MIN_INTERVAL,

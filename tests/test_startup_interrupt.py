@@ -103,6 +103,10 @@ def kubernetes(directory: Path, started: Path) -> dict[str, str]:
     return {"kubeconfig": str(slow_kubeconfig(directory, started))}
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextmanager
 def started_process(argv: list[str], started: Path) -> Iterator[subprocess.Popen[str]]:
     """The process, once its credential plugin runs; its whole group (the sleeping plugin
@@ -113,6 +117,9 @@ def started_process(argv: list[str], started: Path) -> Iterator[subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # As from a terminal: a run started in the background (`cmd &` in a script) inherits
+        # an ignored SIGINT, which the process would rightly go on ignoring.
+        preexec_fn=_sigint_as_in_a_terminal,
     )
     try:
         deadline = time.monotonic() + WAIT_SECONDS

@@ -1,6 +1,7 @@
 """The answers the transport serves by itself (NodeGroups, GPULabel, NodeGroupForNode,
-NodeGroupTargetSize, NodeGroupGetOptions): served without Python's event loop, and always
-exactly what the servicer answers, right after every change (CA calls one at a time)."""
+NodeGroupTargetSize, NodeGroupGetOptions, NodeGroupTemplateNodeInfo): served without Python's
+event loop, and always exactly what the servicer answers, right after every change (CA calls
+one at a time)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import pytest
 from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
 from fixtures.tls import PKI, StandInServicer, address, make_config
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions
+from cloudscale_autoscaler.config.types import AutoscalingOptions, Taint
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.transport.server import start_server
 
 TIMEOUT = 10.0
@@ -67,6 +69,9 @@ def hot_calls(stub: pb_grpc.CloudProviderStub, provider_id: str) -> list[Any]:
             pb.NodeGroupAutoscalingOptionsRequest(id="tuned", defaults=CA_DEFAULTS),
             timeout=TIMEOUT,
         ),
+        stub.NodeGroupTemplateNodeInfo(
+            pb.NodeGroupTemplateNodeInfoRequest(id="workers"), timeout=TIMEOUT
+        ),
     ]
 
 
@@ -74,6 +79,7 @@ async def test_hot_rpcs_are_answered_while_the_event_loop_is_blocked(
     stack: StackFactory, pki: PKI
 ) -> None:
     s, ids = await two_groups(stack)
+    await s.refresh()  # builds the templates, as CA's first Refresh does
     channel, stub = sync_stub(pki, s.address)
     answers: list[Any] = []
     forwarded: list[grpc.StatusCode] = []
@@ -94,12 +100,13 @@ async def test_hot_rpcs_are_answered_while_the_event_loop_is_blocked(
         thread.join()
     assert not alive, "hot RPCs waited for the event loop"
     assert forwarded == [grpc.StatusCode.DEADLINE_EXCEEDED]
-    groups, label, for_node, target, options = answers
+    groups, label, for_node, target, options, template = answers
     assert [g.id for g in groups.nodeGroups] == ["workers", "tuned"]
     assert label.label == "cloudscale.ch/gpu"
     assert for_node.nodeGroup.id == "workers"
     assert target.targetSize == 2
     assert options.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == 0.4
+    assert template.nodeInfo.status.capacity["cpu"].string == "2"  # flex-4-2
 
 
 async def test_a_mutating_call_cut_off_at_its_deadline_is_seen_by_the_next_hot_read(
@@ -367,3 +374,46 @@ async def test_a_gated_transport_serves_nothing_published_until_the_gate_opens(p
             assert _blocking(lambda: _answered_with_loop_blocked(stub))
     finally:
         await running.stop(5.0)
+
+
+TEMPLATE_NODE_INFO = (
+    "/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroupTemplateNodeInfo"
+)
+
+
+async def test_published_templates_are_byte_equal_to_the_servicers_for_both_generations(
+    stack: StackFactory,
+) -> None:
+    groups = [
+        group("workers", 0, 5),
+        group(
+            "tuned",
+            0,
+            3,
+            autoscaling_options=TUNED,
+            labels=(("tier", "batch"),),
+            taints=(Taint("dedicated", "batch", "NoSchedule"),),
+        ),
+        group("gpu", 0, 2, flavor="gpu2-128-16-1-200", zone="rma1"),
+    ]
+    s = await stack(groups=groups)
+    service, engine = s.provider.service, s.provider.service.engine
+    raw = s.channel.unary_unary(TEMPLATE_NODE_INFO)  # bytes in, bytes out
+    for refresh in range(2):  # Refresh builds them anew; the new ones are published
+        await s.refresh()
+        built = engine.built_templates()
+        assert sorted(built) == ["gpu", "tuned", "workers"]
+        for name in built:
+            request = pb.NodeGroupTemplateNodeInfoRequest(id=name)
+            served = await raw(request.SerializeToString(), timeout=TIMEOUT)
+            direct = await service.NodeGroupTemplateNodeInfo(request, _NoDeadline())
+            assert served == direct.SerializeToString(), (refresh, name)
+            # CA <= 1.34.1 reads the Node from field 1, newer CA from field 2: the same Node.
+            reply = pb.NodeGroupTemplateNodeInfoResponse.FromString(served)
+            assert reply.nodeBytes
+            assert core_v1_pb2.Node.FromString(reply.nodeBytes) == reply.nodeInfo
+        assert engine.built_templates() is built
+    # An unknown group is a miss: the servicer's NOT_FOUND.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await s.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id="nope"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND

@@ -29,6 +29,7 @@ pub enum Hot {
     GpuLabel,
     TargetSize,
     GetOptions,
+    Template,
 }
 
 impl Hot {
@@ -39,6 +40,7 @@ impl Hot {
             "GPULabel" => Hot::GpuLabel,
             "NodeGroupTargetSize" => Hot::TargetSize,
             "NodeGroupGetOptions" => Hot::GetOptions,
+            "NodeGroupTemplateNodeInfo" => Hot::Template,
             _ => return None,
         })
     }
@@ -48,7 +50,7 @@ impl Hot {
     }
 }
 
-const TABLES: usize = 5;
+const TABLES: usize = 6;
 /// Distinct requests remembered per RPC before the memo starts over (CA sends one set of
 /// GetOptions defaults per CA version, so a handful per group in practice).
 const MEMO_LIMIT: usize = 1024;
@@ -105,7 +107,7 @@ impl Snapshot {
         let key = match hot {
             Hot::ForNode => return self.for_node(wire::provider_id(request)?),
             Hot::NodeGroups | Hot::GpuLabel => wire::empty(request).map(|()| "")?,
-            Hot::TargetSize => wire::group_id(request)?,
+            Hot::TargetSize | Hot::Template => wire::group_id(request)?,
             Hot::GetOptions => wire::options_group_id(request)?,
         };
         if let Some(answer) = self.tables[hot.slot()].load().get(key) {

@@ -77,7 +77,8 @@ fn varints_only(buf: &[u8], known: &[u64]) -> Option<()> {
     })
 }
 
-/// A request whose only field is the string `id = 1` (NodeGroupTargetSizeRequest).
+/// A request whose only field is the string `id = 1` (NodeGroupTargetSizeRequest,
+/// NodeGroupTemplateNodeInfoRequest).
 pub fn group_id(buf: &[u8]) -> Option<&str> {
     let mut id = "";
     fields(buf, |number, value| match (number, value) {

@@ -2,10 +2,14 @@
 
 The flavor list comes from the cloud (the client caches it with a TTL); built template
 responses are kept until the next Refresh, since CA caches them per loop anyway and a template
-depends only on config and flavor. When the list cannot be fetched, the flavor is read from its
-slug (template.slug), so templates survive a failing flavors endpoint and work offline (a full
-API outage still fails Refresh, on the server listing); the list, when present, wins. Only a
-GPU slug's model cannot be read: see node_labels.
+depends only on config and flavor. Refresh builds every group's template at once when it has
+the flavor list (or knows it cannot have it), so the transport can serve them all from the
+first call on (service/hot.py) instead of asking the event loop once per node when CA starts.
+
+When the list cannot be fetched, the flavor is read from its slug (template.slug), so
+templates survive a failing flavors endpoint and work offline (a full API outage still fails
+Refresh, on the server listing); the list, when present, wins. Only a GPU slug's model cannot
+be read: see node_labels.
 
 No call waits long for the list: CA gives each call 5 s. A fetch is waited for at most
 FLAVOR_WAIT_SECONDS. One that failed makes calls answer from the slugs at once until the next
@@ -18,12 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config, NodeGroupConfig
-from cloudscale_autoscaler.engine.errors import CloudUnavailable, FailedPrecondition
+from cloudscale_autoscaler.engine.errors import CloudUnavailable, EngineError, FailedPrecondition
 from cloudscale_autoscaler.engine.userdata import UserDataError, placeholders_in
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
@@ -49,9 +54,10 @@ class Catalog:
         self._templates: dict[str, pb.NodeGroupTemplateNodeInfoResponse] = {}
 
     async def refresh(self) -> None:
-        """Re-read flavors (cheap within the client's TTL) and drop built templates. A failure
-        keeps the flavors we have: templates do not justify failing CA's Refresh."""
-        self._templates.clear()
+        """Re-read flavors (cheap within the client's TTL) and build the templates again. A
+        failure keeps the flavors we have: templates do not justify failing CA's Refresh."""
+        # A new mapping, not a cleared one: the published answers follow its identity.
+        self._templates = {}
         self._failure = None
         try:
             await self._fetch()
@@ -59,6 +65,19 @@ class Catalog:
             log.warning(
                 "keeping %s: %s", "cached flavors" if self._flavors else "no flavors", error
             )
+        if self._flavors is not None or self._failure is not None:  # nothing to wait for
+            await self._build_all()
+
+    async def _build_all(self) -> None:
+        for group in self._config.node_groups:
+            # A group whose template cannot be built is left to its calls, which say why.
+            with contextlib.suppress(EngineError):
+                await self.template(group)
+
+    @property
+    def templates(self) -> Mapping[str, pb.NodeGroupTemplateNodeInfoResponse]:
+        """The templates built since the last Refresh (a new mapping after each one)."""
+        return self._templates
 
     async def ensure(self) -> None:
         """Have the flavor list if it can be had (for labels and checks); failing is not fatal."""

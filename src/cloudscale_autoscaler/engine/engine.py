@@ -184,6 +184,11 @@ class Engine:
     async def template_node_info(self, name: str) -> pb.NodeGroupTemplateNodeInfoResponse:
         return await self._catalog.template(self._inventory.group(name).config)
 
+    def built_templates(self) -> Mapping[str, pb.NodeGroupTemplateNodeInfoResponse]:
+        """The templates built since the last Refresh, by group: each is what
+        template_node_info answers until then. A new mapping after each Refresh."""
+        return self._catalog.templates
+
     async def gpu_types(self) -> list[str]:
         return await self._catalog.gpu_types()
 

@@ -1,12 +1,13 @@
 """The answers the transport serves without calling Python: NodeGroups, GPULabel,
-NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions.
+NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions, NodeGroupTemplateNodeInfo.
 
 `HotAnswers.publish` serializes them from the service's and the engine's current state and
 hands them to the transport, which swaps them in atomically. It runs after every forwarded
 call, before that call's answer leaves (CA's next call must see what this one changed), and
 when a background creation or deletion finished. Only what changed is published again: the
-node index after a rebuild or an added entry, the target sizes when one moved. A publish that
-fails withdraws both, so the servicer answers until one succeeds.
+node index after a rebuild or an added entry, the target sizes when one moved, the templates
+when Refresh rebuilt them or a call built one. A publish that fails withdraws all three, so the
+servicer answers until one succeeds.
 
 What is published is exactly what the servicer would answer; anything else (an unknown group,
 the target of a group with failed-creation placeholders, whose expiry moves it with time
@@ -47,6 +48,9 @@ class HotAnswers:
         self._index: Mapping[str, pb.NodeGroupForNodeResponse] | None = None
         self._index_size = -1
         self._targets: dict[str, int] | None = None
+        # Likewise the templates last published (the engine's dict until the next Refresh).
+        self._templates: Mapping[str, pb.NodeGroupTemplateNodeInfoResponse] | None = None
+        self._templates_size = -1
         for method, answer in service.constant_answers().items():
             sink.publish_answers(method, {"": answer.SerializeToString()})
         sink.publish_answers("NodeGroupGetOptions", self._options())
@@ -61,9 +65,10 @@ class HotAnswers:
         except Exception:
             # Answers that could not be refreshed must not be served stale: their calls go to
             # the servicer until a publish succeeds, which then publishes them all again.
-            for method in ("NodeGroupForNode", "NodeGroupTargetSize"):
+            for method in _REFRESHED:
                 self._sink.withdraw(method)
             self._index, self._index_size, self._targets = None, -1, None
+            self._templates, self._templates_size = None, -1
             raise
 
     def _publish(self) -> None:
@@ -79,6 +84,13 @@ class HotAnswers:
             }
             self._sink.publish_answers("NodeGroupTargetSize", answers)
             self._targets = targets
+        templates = self._engine.built_templates()
+        if templates is not self._templates or len(templates) != self._templates_size:
+            built: dict[str, Published] = {
+                name: response.SerializeToString() for name, response in templates.items()
+            }
+            self._sink.publish_answers("NodeGroupTemplateNodeInfo", built)
+            self._templates, self._templates_size = templates, len(templates)
 
     def _options(self) -> dict[str, Published]:
         """GetOptions per group, where the answer does not depend on CA's defaults."""
@@ -99,6 +111,8 @@ class HotAnswers:
 
 
 _NOT_MANAGED = NOT_MANAGED.SerializeToString()
+# The answers that follow the engine's state, republished as it changes.
+_REFRESHED = ("NodeGroupForNode", "NodeGroupTargetSize", "NodeGroupTemplateNodeInfo")
 
 
 def _serialized(index: Mapping[str, pb.NodeGroupForNodeResponse]) -> dict[str, bytes]:

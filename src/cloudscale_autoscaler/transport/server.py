@@ -2,11 +2,12 @@
 the servicer, the TLS files, allowedClients, logging and metrics.
 
 The transport owns the port: CloudProvider, grpc health and reflection, mutual TLS (rustls).
-It answers NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions and GPULabel
-from answers Python publishes (`RunningServer.publish_*`, see service/hot.py), or from the
-answers Python gave before to the same request bytes where Python declared an RPC's answers a
-pure function of the request (`memoize`), and forwards every other call, and every call it
-has no answer for, to `calls.Calls` on the event loop. A forwarded call other than these five
+It answers NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions,
+NodeGroupTemplateNodeInfo and GPULabel from answers Python publishes (`RunningServer.publish_*`,
+see service/hot.py), or from the answers Python gave before to the same request bytes where
+Python declared an RPC's answers a pure function of the request (`memoize`), and forwards every
+other call, and every call it has no answer for, to `calls.Calls` on the event loop. A
+forwarded call other than these six
 that its caller gave up on (deadline, cancelled) while Python still runs it turns the prepared
 answers off until Python has ended it: Python publishes only then, and CA's next read must see
 what that call changed.

@@ -54,7 +54,12 @@ class LeaderLabel:
         while True:
             self._wake.clear()
             if not self._done:
-                self._done = await self._apply(self._leading)
+                leading = self._leading
+                done = await self._apply(leading)
+                # want() may have changed its mind during the write: then that change is
+                # still to be made (its _done=False stands and it set _wake).
+                if leading == self._leading:
+                    self._done = done
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), None if self._done else self._retry)
 

@@ -75,14 +75,15 @@ class BenchPlan:
     single_warmup: int = 300
     single_rounds: int = 3  # ours, goref, pyref, ours, ...: the best round of each counts
     # f. forwarded RPCs one at a time on our server (the single-RPC stack, after its loop):
-    # TemplateNodeInfo, IncreaseSize(1), DeleteNodes(one node), Refresh
+    # IncreaseSize(1), DeleteNodes(one node), Refresh
     forwarded_calls: int = 100
     forwarded_warmup: int = 10
     # c. Refresh alone
     refresh_sizes: tuple[int, ...] = (1000, 5000, 20000)
     refresh_calls: int = 5
-    # e. resident memory after a CA loop
+    # e. resident memory once listening, after a CA loop, after a storm of Refresh calls
     rss_sizes: tuple[int, ...] = (5000, 20000)
+    storm_refreshes: int = 30
     # Groups of the refresh and memory stacks.
     groups: int = 10
     increase: IncreasePlan = field(default_factory=IncreasePlan)
@@ -114,6 +115,7 @@ SMOKE = BenchPlan(
     refresh_sizes=(100,),
     refresh_calls=2,
     rss_sizes=(100,),
+    storm_refreshes=3,
     groups=1,
     increase=IncreasePlan(
         delta=5,

@@ -1,7 +1,8 @@
 """`python -m bench.pyref`: the Python floor, a bare grpc.aio CloudProvider server.
 
-It answers NodeGroupForNode, NodeGroupTargetSize and NodeGroupGetOptions from the same state
-file as the Go reference (bench/go/cmd/goref), over the same mTLS, with no interceptors, no
+It answers NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions and
+NodeGroupTemplateNodeInfo (the Go reference's small template node) from the same state file as
+the Go reference (bench/go/cmd/goref), over the same mTLS, with no interceptors, no
 engine and no logging: what any grpcio-based Python provider pays per call before its own
 code runs. The benchmark reports it next to our server and the Go reference, so the gap to Go
 splits into the framework's share and ours.
@@ -22,6 +23,7 @@ import grpc
 
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
 
 NANOS = 1_000_000_000
@@ -71,6 +73,7 @@ class BareProvider(pb_grpc.CloudProviderServicer):
             for gid, g in self.groups.items()
         }
         self.for_node = {pid: answers[gid] for pid, gid in state["nodes"].items()}
+        self.templates = {gid: _template(gid) for gid in self.groups}
 
     async def NodeGroupForNode(self, request: Any, context: Any) -> Any:
         return self.for_node.get(request.node.providerID, NOT_MANAGED)
@@ -81,6 +84,12 @@ class BareProvider(pb_grpc.CloudProviderServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"node group {request.id!r}")
         return pb.NodeGroupTargetSizeResponse(targetSize=group["targetSize"])
 
+    async def NodeGroupTemplateNodeInfo(self, request: Any, context: Any) -> Any:
+        template = self.templates.get(request.id)
+        if template is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"node group {request.id!r}")
+        return template
+
     async def NodeGroupGetOptions(self, request: Any, context: Any) -> Any:
         group: Any = self.groups.get(request.id)  # context.abort raises
         if group is None:
@@ -90,6 +99,17 @@ class BareProvider(pb_grpc.CloudProviderServicer):
         return pb.NodeGroupAutoscalingOptionsResponse(
             nodeGroupAutoscalingOptions=merge(group["options"], request.defaults)
         )
+
+
+def _template(group_id: str) -> pb.NodeGroupTemplateNodeInfoResponse:
+    """The Go reference's template node (goref's templateAnswer), in both fields."""
+    node = core_v1_pb2.Node()
+    node.metadata.name = f"template-{group_id}"
+    node.metadata.labels.update({"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"})
+    for name, value in (("cpu", "3950m"), ("memory", "3500Mi"), ("pods", "110")):
+        node.status.capacity[name].string = value
+        node.status.allocatable[name].string = value
+    return pb.NodeGroupTemplateNodeInfoResponse(nodeInfo=node, nodeBytes=node.SerializeToString())
 
 
 async def serve(listen: str, provider: BareProvider, credentials: grpc.ServerCredentials) -> None:

@@ -76,6 +76,8 @@ def _run_stack(bench: workloads.Bench, layout: Layout, results: dict[str, Any]) 
         layout,
         ServerSettings(),
     )
+    # Before any call: the inventory is loaded before the server listens.
+    listening = server.proc.memory()["VmRSS"]
     try:
         if (size, groups) == (plan.single_size, plan.single_groups):
             log.info("stack N=%d G=%d: single RPCs", size, groups)
@@ -90,7 +92,7 @@ def _run_stack(bench: workloads.Bench, layout: Layout, results: dict[str, Any]) 
             log.info("stack N=%d G=%d: memory after a CA loop", size, groups)
             pattern = plan.loop_patterns[-1]
             workloads.ca_loop(bench, server, population, pattern, 1)
-            results["memory"].append(workloads.memory(server, layout))
+            results["memory"].append(workloads.memory(bench, server, layout, listening))
         if (size, groups) == (plan.single_size, plan.single_groups):
             # Last: it deletes and creates servers of the stack.
             log.info("stack N=%d G=%d: forwarded RPCs", size, groups)

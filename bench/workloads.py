@@ -123,6 +123,7 @@ SINGLE_CASES = (
     ("NodeGroupForNode (foreign node)", "NodeGroupForNode", "foreign"),
     ("TargetSize", "TargetSize", ""),
     ("GetOptions", "GetOptions", ""),
+    ("TemplateNodeInfo", "TemplateNodeInfo", ""),
 )
 
 
@@ -141,6 +142,8 @@ def _expected_answer(population: Population, rpc: str, which: str) -> str:
         return f"group={group if which == 'own' else ''}"
     if rpc == "TargetSize":
         return f"targetSize={len(population.own[group])}"
+    if rpc == "TemplateNodeInfo":
+        return "nodeBytes=true"
     return "scaleDownUtilizationThreshold=0.6"
 
 
@@ -213,12 +216,12 @@ def _single_row(label: str, best: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-FORWARDED_RPCS = ("TemplateNodeInfo", "IncreaseSize", "DeleteNodes", "Refresh")
+FORWARDED_RPCS = ("IncreaseSize", "DeleteNodes", "Refresh")
 
 
 def forwarded_rpcs(bench: Bench, server: Endpoint, population: Population) -> list[dict[str, Any]]:
     """f. The RPCs our engine answers per call (CA's forwarded calls), one at a time on our
-    server: TemplateNodeInfo, IncreaseSize(delta=1), DeleteNodes of one node of the group (the
+    server: IncreaseSize(delta=1), DeleteNodes of one node of the group (the
     last servers of the population: run this after every other workload of the stack),
     Refresh. Server CPU per call includes what it spent on the emulator's answers."""
     plan = bench.plan
@@ -284,14 +287,22 @@ def refresh(bench: Bench, server: Endpoint, layout: Layout) -> dict[str, Any]:
     }
 
 
-def memory(server: Endpoint, layout: Layout) -> dict[str, Any]:
-    """e. The provider's resident memory now (after Refresh and a CA loop) and at its peak."""
-    mem = server.proc.memory()
+def memory(bench: Bench, server: Endpoint, layout: Layout, listening: int) -> dict[str, Any]:
+    """e. The provider's resident memory once it listened (`listening`), now (after Refresh and
+    a CA loop), after a storm of Refresh calls back to back (each listing all N: the memory
+    one listing takes must come back), and at its peak."""
+    after_loop = server.proc.memory()
+    storm = bench.plan.storm_refreshes
+    bench.client.measure("refresh", server, ["-calls", str(storm)], bench.plan.max_seconds, [])
+    after_storm = server.proc.memory()
     return {
         "size": layout.size,
         "groups": layout.groups,
-        "rss_bytes": mem["VmRSS"],
-        "peak_rss_bytes": mem["VmHWM"],
+        "listening_rss_bytes": listening,
+        "rss_bytes": after_loop["VmRSS"],
+        "storm_refreshes": storm,
+        "after_storm_rss_bytes": after_storm["VmRSS"],
+        "peak_rss_bytes": after_storm["VmHWM"],
     }
 
 

@@ -1,7 +1,7 @@
 """Flavor-derived answers: template nodes and GPU types, cached.
 
 The flavor list comes from the cloud (the client caches it with a TTL); built template
-responses are kept until the next Refresh, since CA caches them per loop anyway and a template
+responses are kept until a Refresh finds the list changed (or had none), since a template
 depends only on config and flavor. Refresh builds every group's template at once when it has
 the flavor list (or knows it cannot have it), so the transport can serve them all from the
 first call on (service/hot.py) instead of asking the event loop once per node when CA starts.
@@ -54,10 +54,10 @@ class Catalog:
         self._templates: dict[str, pb.NodeGroupTemplateNodeInfoResponse] = {}
 
     async def refresh(self) -> None:
-        """Re-read flavors (cheap within the client's TTL) and build the templates again. A
-        failure keeps the flavors we have: templates do not justify failing CA's Refresh."""
-        # A new mapping, not a cleared one: the published answers follow its identity.
-        self._templates = {}
+        """Re-read flavors (cheap within the client's TTL) and build the templates again if
+        they changed. A failure keeps the flavors we have: templates do not justify failing
+        CA's Refresh."""
+        previous = self._flavors
         self._failure = None
         try:
             await self._fetch()
@@ -65,6 +65,9 @@ class Catalog:
             log.warning(
                 "keeping %s: %s", "cached flavors" if self._flavors else "no flavors", error
             )
+        if previous is None or self._flavors != previous:
+            # A new mapping, not a cleared one: the published answers follow its identity.
+            self._templates = {}
         if self._flavors is not None or self._failure is not None:  # nothing to wait for
             await self._build_all()
 
@@ -76,7 +79,7 @@ class Catalog:
 
     @property
     def templates(self) -> Mapping[str, pb.NodeGroupTemplateNodeInfoResponse]:
-        """The templates built since the last Refresh (a new mapping after each one)."""
+        """The templates built, by group (a new mapping whenever Refresh drops them)."""
         return self._templates
 
     async def ensure(self) -> None:

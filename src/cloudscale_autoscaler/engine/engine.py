@@ -185,8 +185,8 @@ class Engine:
         return await self._catalog.template(self._inventory.group(name).config)
 
     def built_templates(self) -> Mapping[str, pb.NodeGroupTemplateNodeInfoResponse]:
-        """The templates built since the last Refresh, by group: each is what
-        template_node_info answers until then. A new mapping after each Refresh."""
+        """The templates built, by group: each is what template_node_info answers. A new
+        mapping whenever a Refresh drops them (the flavor list changed)."""
         return self._catalog.templates
 
     async def gpu_types(self) -> list[str]:

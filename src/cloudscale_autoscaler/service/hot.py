@@ -48,7 +48,7 @@ class HotAnswers:
         self._index: Mapping[str, pb.NodeGroupForNodeResponse] | None = None
         self._index_size = -1
         self._targets: dict[str, int] | None = None
-        # Likewise the templates last published (the engine's dict until the next Refresh).
+        # Likewise the templates last published (the engine's dict until Refresh drops it).
         self._templates: Mapping[str, pb.NodeGroupTemplateNodeInfoResponse] | None = None
         self._templates_size = -1
         for method, answer in service.constant_answers().items():

@@ -98,13 +98,6 @@ func singleCall(cl *client, rpcName, providerID, group string, victims []NodeRef
 			opts := res.GetNodeGroupAutoscalingOptions()
 			return fmt.Sprintf("scaleDownUtilizationThreshold=%g", opts.GetScaleDownUtilizationThreshold()), err
 		}, nil
-	}
-	return forwardedCall(cl, rpcName, group, victims)
-}
-
-// forwardedCall is singleCall for the RPCs that change state or build answers per call.
-func forwardedCall(cl *client, rpcName, group string, victims []NodeRef) (func() (string, error), error) {
-	switch rpcName {
 	case "TemplateNodeInfo":
 		req := &pb.NodeGroupTemplateNodeInfoRequest{Id: group}
 		return func() (string, error) {
@@ -113,6 +106,13 @@ func forwardedCall(cl *client, rpcName, group string, victims []NodeRef) (func()
 			res, err := cl.stub.NodeGroupTemplateNodeInfo(ctx, req)
 			return fmt.Sprintf("nodeBytes=%t", len(res.GetNodeBytes()) > 0), err
 		}, nil
+	}
+	return forwardedCall(cl, rpcName, group, victims)
+}
+
+// forwardedCall is singleCall for the RPCs that change state.
+func forwardedCall(cl *client, rpcName, group string, victims []NodeRef) (func() (string, error), error) {
+	switch rpcName {
 	case "IncreaseSize":
 		req := &pb.NodeGroupIncreaseSizeRequest{Id: group, Delta: 1}
 		return func() (string, error) {

@@ -7,10 +7,9 @@ NodeGroupTemplateNodeInfo and GPULabel from answers Python publishes (`RunningSe
 see service/hot.py), or from the answers Python gave before to the same request bytes where
 Python declared an RPC's answers a pure function of the request (`memoize`), and forwards every
 other call, and every call it has no answer for, to `calls.Calls` on the event loop. A
-forwarded call other than these six
-that its caller gave up on (deadline, cancelled) while Python still runs it turns the prepared
-answers off until Python has ended it: Python publishes only then, and CA's next read must see
-what that call changed.
+forwarded call other than these six that its caller gave up on (deadline, cancelled) while
+Python still runs it turns the prepared answers off until Python has ended it: Python
+publishes only then, and CA's next read must see what that call changed.
 
 TLS: Python loads and validates the files (transport/tls.py) and hands the PEM bytes over; the
 transport checks the files through `ReloadingCredentials` before a new handshake (at most once per

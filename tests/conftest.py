@@ -15,6 +15,21 @@ pytest_plugins = [
     "fixtures.image",
 ]
 
+# The two longest modules start first, one on each of the two workers (pyproject.toml's
+# addopts): the release's wheel builds (about 5 min) and the real CA's scenarios (about 6 min).
+# Reached last, either kept one worker busy for minutes after the other had run out of work.
+LONGEST_FIRST = ("test_release.py", "test_ca_real.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: the rest keep their order
+
+
 # Set by .ci/run: every tool a test needs is installed there, so a skip is a failure.
 NO_SKIPS_ENV = "CLOUDSCALE_AUTOSCALER_NO_SKIPS"
 

@@ -78,8 +78,8 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
 
 
 # Today's figures, from bench/RESULTS.md as committed before the compiled transport (issue
-# 13), on this machine: the forwarded RPCs and Refresh must not get worse. Refresh
-# at N=5,000 is from the run of 2026-11-21 (load 0.4-1.5); the forwarded RPCs' means
+# 13), on this machine: the forwarded RPCs and Refresh must not get worse. Refresh at N=5,000
+# is from the run of 2026-11-21 (load 0.4-1.5); the forwarded RPCs' means
 # (section f, N=1,000) from the run of 2026-11-22 that first measured them, at load 11-14 on
 # 2 cores, so they are generous: re-measure them on a quiet machine before comparing.
 TODAY_REFRESH_5000_S = 0.120

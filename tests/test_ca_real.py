@@ -201,6 +201,11 @@ class Autoscaler:
         if self.process.poll() is not None:
             raise AssertionError(f"CA exited {self.process.returncode}:\n{self.output[-4000:]}")
 
+    def complaints(self, count: int = 12) -> str:
+        """CA's last `count` warning and error lines (klog's W and E), for a failure message."""
+        lines = [line for line in self.output.splitlines() if line[:1] in ("W", "E")]
+        return "\n".join(lines[-count:])
+
 
 def start_autoscaler(
     version: str,
@@ -344,7 +349,38 @@ async def wait_all_running(cluster: Cluster, ca: Autoscaler, count: int, what: s
         pods = await load_pods(cluster)
         return len(pods) == count and all(p.status.phase == "Running" for p in pods)
 
-    await wait_until(all_running, 120, what)
+    try:
+        await wait_until(all_running, 120, what)
+    except AssertionError as timeout:
+        complaints = ca.complaints()
+        raise AssertionError(f"{timeout}; CA's last warnings and errors:\n{complaints}") from None
+
+
+async def scale_up_events(cluster: Cluster) -> set[str]:
+    """The Events CA records once a provider has answered its IncreaseSize ("Scale-up: group
+    <name> size set to ..."), by uid: the ones of earlier scenarios stay in the namespace."""
+    events = await asyncio.to_thread(cluster.core().list_namespaced_event, NAMESPACE)
+    return {
+        e.metadata.uid for e in events.items
+        if e.reason == "ScaledUpGroup" and " size set to " in (e.message or "")
+    }  # fmt: skip
+
+
+async def wait_answered_and_creating(
+    cluster: Cluster, ca: Autoscaler, emulator: RunningEmulator, earlier: set[str]
+) -> None:
+    """Until CA has our answer to its IncreaseSize (an Event not in `earlier`) and the API is
+    still creating. A provider killed before CA has the answer failed that IncreaseSize, and CA
+    backs the group off for 5 minutes whatever the cloud then holds: the window the crash
+    scenarios aim at is after it."""
+
+    async def answered_and_creating() -> bool:
+        ca.alive()
+        if not await scale_up_events(cluster) - earlier:
+            return False
+        return (await emulator.admin.in_flight()).get("create_server", 0) > 0
+
+    await wait_until(answered_and_creating, 60, "CA never had our answer while the API created")
 
 
 async def node_groups_status(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -555,15 +591,11 @@ async def test_a_provider_crash_during_a_scale_up_loses_and_doubles_nothing(
     docs/conformance.md.)"""
     await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
     await load(cluster, PODS)
+    earlier = await scale_up_events(cluster)
     async with scene(version, [group("workers")], cluster, pki, emulator,
                      tmp_path) as running:  # fmt: skip
         ca = running.ca
-
-        async def creating() -> bool:
-            ca.alive()
-            return (await emulator.admin.in_flight()).get("create_server", 0) > 0
-
-        await wait_until(creating, 60, "CA never scaled up")
+        await wait_answered_and_creating(cluster, ca, emulator, earlier)
         await running.provider.kill()
 
         async def carried_out() -> bool:
@@ -681,13 +713,9 @@ async def test_a_failover_during_a_scale_up_loses_and_doubles_nothing(
         await wait_until(elected, 30, "no replica took the Lease")
         async with leader_service(cluster, replicas) as port:
             await load(cluster, PODS)
+            earlier = await scale_up_events(cluster)
             ca = start_autoscaler(version, cluster, port, pki, tmp_path)
-
-            async def creating() -> bool:
-                ca.alive()
-                return (await emulator.admin.in_flight()).get("create_server", 0) > 0
-
-            await wait_until(creating, 60, "CA never scaled up")
+            await wait_answered_and_creating(cluster, ca, emulator, earlier)
             [leader] = [r for r in replicas if identity(r) == await lease_holder(cluster)]
             await leader.kill()
             [standby] = [r for r in replicas if r is not leader]

@@ -370,9 +370,9 @@ async def wait_answered_and_creating(
     cluster: Cluster, ca: Autoscaler, emulator: RunningEmulator, earlier: set[str]
 ) -> None:
     """Until CA has our answer to its IncreaseSize (an Event not in `earlier`) and the API is
-    still creating. A provider killed before CA has the answer failed that IncreaseSize, and CA
-    backs the group off for 5 minutes whatever the cloud then holds: the window the crash
-    scenarios aim at is after it."""
+    still creating. IncreaseSize sends its creates before it answers (`increaseSizeWait`): a
+    provider killed in between failed that IncreaseSize for CA, which backs the group off for
+    5 minutes whatever the cloud holds. The window the crash scenarios aim at is after it."""
 
     async def answered_and_creating() -> bool:
         ca.alive()

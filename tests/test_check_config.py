@@ -48,6 +48,7 @@ def write_config(
         "cluster": "prod",
         "tls": {"cert": "tls/server.crt", "key": "tls/server.key", "clientCA": "tls/ca.crt"},
         "cloudscale": {"url": url, "tokenFile": "token"},
+        "stateDir": "state",
         "nodeGroups": groups
         or [
             {
@@ -90,6 +91,7 @@ def test_valid_config_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFix
         "placeholder expiry: 900s",
         "pricing:            none (the pricing RPCs answer UNIMPLEMENTED)",
         "kubernetes:         disabled (no drift checks, no leader election)",
+        f"creation journal:   file {tmp_path / 'state' / 'creations.json'}",
         "node groups (2):",
         "  workers: size 1-5, flavor flex-8-4, image debian-12, zone lpg1, volume 50 GB, "
         "2 labels, 1 taint, options: yes, interfaces: public",

@@ -154,7 +154,8 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         put("zzz", value=1),
         [
             "zzz: unknown key; expected one of: cluster, listen, tls, cloudscale, metrics, "
-            "gpuLabel, placeholderExpiry, increaseSizeWait, pricing, kubernetes, nodeGroups"
+            "gpuLabel, placeholderExpiry, increaseSizeWait, pricing, kubernetes, stateDir, "
+            "nodeGroups"
         ],
     ),
     (

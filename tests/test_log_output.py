@@ -230,6 +230,7 @@ def write_warned_config(directory: Path, url: str) -> Path:
         "cluster": "logs",
         "tls": {"insecure": True},
         "cloudscale": {"url": url},
+        "stateDir": str(directory / "state"),
         "nodeGroups": [{**group, "autoscalingOptions": {"scaleDownUnneededTime": "5m"}}],
     }
     config.write_text(json.dumps(doc))

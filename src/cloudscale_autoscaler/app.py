@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,6 +27,7 @@ from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
+from cloudscale_autoscaler.journal.file import FileStore
 from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
@@ -77,6 +80,10 @@ async def build_provider(config: Config) -> Provider:
         config.cloudscale, on_request=metrics.observe_cloud_request
     )
     engine = Engine(config, client)
+    if config.state_dir is not None and not config.elects:
+        engine.use_journal(
+            FileStore(config.state_dir), f"pid {os.getpid()} on {socket.gethostname()}"
+        )
     metrics.track_groups(engine.group_stats)
     metrics.last_refresh.set_function(lambda: engine.last_refresh_unix)
     provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
@@ -192,7 +199,7 @@ def _readiness(provider: Provider) -> tuple[bool, str]:
     """Ready once this replica could serve CA if it led: the config is loaded (it runs) and
     the cloud API answered. With leader election a standby is ready too (rollouts, drains
     and `helm install --wait` need both replicas Ready); the gRPC Service routes CA by the
-    leader's Pod label instead (kube/podlabel.py)."""
+    leader's EndpointSlice instead (kube/route.py)."""
     answered = provider.service.engine.loaded
     if not _elects(provider):
         return (True, "serving") if answered else (False, NOT_ANSWERED)

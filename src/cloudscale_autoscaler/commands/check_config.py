@@ -28,6 +28,7 @@ from cloudscale_autoscaler.config.kubernetes import kubernetes_text
 from cloudscale_autoscaler.config.loader import TOKEN_ENV
 from cloudscale_autoscaler.config.pricing import price_text, pricing_text
 from cloudscale_autoscaler.config.types import PricingConfig
+from cloudscale_autoscaler.journal.file import FILE_NAME as JOURNAL_FILE
 from cloudscale_autoscaler.logs import to_stderr
 
 log = logging.getLogger(__name__)
@@ -132,10 +133,21 @@ def summary(config: Config) -> str:
         f"placeholder expiry: {config.placeholder_expiry_seconds:g}s",
         f"pricing:            {pricing_text(config.pricing)}",
         f"kubernetes:         {kubernetes_text(config.kubernetes)}",
+        f"creation journal:   {_journal_line(config)}",
         f"node groups ({len(config.node_groups)}):",
     ]
     lines += [f"  {group_line(group, config.pricing)}" for group in config.node_groups]
     return "\n".join(lines)
+
+
+def _journal_line(config: Config) -> str:
+    if config.kubernetes is not None and config.elects:
+        election = config.kubernetes.leader_election
+        namespace = election.namespace or "<pod namespace>"
+        return f"ConfigMap {namespace}/{election.journal_name} (leader election)"
+    if config.state_dir is not None:
+        return f"file {config.state_dir / JOURNAL_FILE}"
+    return "none (creates in flight are recorded nowhere)"
 
 
 async def _fetch_online(

@@ -11,7 +11,11 @@ from pathlib import Path
 
 from cloudscale_autoscaler.config.reader import Fields, resolve
 from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
-from cloudscale_autoscaler.config.values import dns_label_error, parse_go_duration
+from cloudscale_autoscaler.config.values import (
+    dns_label_error,
+    dns_subdomain_error,
+    parse_go_duration,
+)
 from cloudscale_autoscaler.template.quantity import parse_percent
 
 KUBERNETES_KEYS = ("kubeconfig", "driftInterval", "driftTolerance", "leaderElection")
@@ -22,6 +26,8 @@ LEADER_ELECTION_KEYS = (
     "leaseDuration",
     "renewDeadline",
     "retryPeriod",
+    "journalConfigMap",
+    "endpointSlice",
 )
 DEFAULT_DRIFT_INTERVAL = "5m"
 DEFAULT_DRIFT_TOLERANCE = "3%"
@@ -78,6 +84,7 @@ def _leader_election(fields: Fields) -> LeaderElectionConfig:
     namespace = fields.string("namespace")
     if namespace is not None:
         fields.issues.check(fields.at("namespace"), dns_label_error(namespace))
+    names = {key: _object_name(fields, key) for key in ("journalConfigMap", "endpointSlice")}
     lease = _duration(fields, "leaseDuration", DEFAULT_LEASE_DURATION)
     renew = _duration(fields, "renewDeadline", DEFAULT_RENEW_DEADLINE)
     retry = _duration(fields, "retryPeriod", DEFAULT_RETRY_PERIOD)
@@ -97,7 +104,16 @@ def _leader_election(fields: Fields) -> LeaderElectionConfig:
         lease_duration_seconds=lease,
         renew_deadline_seconds=renew,
         retry_period_seconds=retry,
+        journal_config_map=names["journalConfigMap"] or "",
+        endpoint_slice=names["endpointSlice"],
     )
+
+
+def _object_name(fields: Fields, key: str) -> str | None:
+    name = fields.string(key)
+    if name is not None and not fields.issues.check(fields.at(key), dns_subdomain_error(name)):
+        return None
+    return name
 
 
 def kubernetes_text(settings: KubernetesConfig | None) -> str:
@@ -114,9 +130,14 @@ def kubernetes_text(settings: KubernetesConfig | None) -> str:
     election = settings.leader_election
     if not election.enabled:
         return f"{api}, {drift}, no leader election"
-    lease = f"{election.namespace or '<pod namespace>'}/{election.lease_name}"
+    namespace = election.namespace or "<pod namespace>"
+    route = (
+        f", the leader routes EndpointSlice {namespace}/{election.endpoint_slice}"
+        if election.endpoint_slice
+        else ""
+    )
     return (
-        f"{api}, {drift}, leader election on Lease {lease} "
+        f"{api}, {drift}, leader election on Lease {namespace}/{election.lease_name} "
         f"({election.lease_duration_seconds:g}s/{election.renew_deadline_seconds:g}s/"
-        f"{election.retry_period_seconds:g}s)"
+        f"{election.retry_period_seconds:g}s){route}"
     )

@@ -62,6 +62,7 @@ TOP_KEYS = (
     "increaseSizeWait",
     "pricing",
     "kubernetes",
+    "stateDir",
     "nodeGroups",
 )
 TLS_KEYS = ("cert", "key", "clientCA", "allowedClients", "insecure")
@@ -132,6 +133,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
     )
     pricing = parse_pricing(top)
     kubernetes = parse_kubernetes(top, base_dir)
+    state_dir = _state_dir(top, base_dir)
     groups = _groups(top, cluster, base_dir)
     check_group_prices(top, pricing, groups)
     return Config(
@@ -146,7 +148,27 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         increase_size_wait_seconds=increase_wait,
         pricing=pricing,
         kubernetes=kubernetes,
+        state_dir=state_dir,
     )
+
+
+def _state_dir(top: Fields, base_dir: Path) -> Path | None:
+    """A directory this process can write, or create (serve creates it on first write)."""
+    written = top.string("stateDir")
+    if written is None:
+        return None
+    path = resolve(base_dir, written)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        top.issues.add("stateDir", f"not a directory: {existing}")
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = (
+            f"directory not writable by this process: {path}"
+            if existing == path
+            else f"cannot create {path}: {existing} is not writable by this process"
+        )
+        top.issues.add("stateDir", problem)
+    return path
 
 
 def _address(fields: Fields, key: str) -> str | None:

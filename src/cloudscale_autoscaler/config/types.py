@@ -66,6 +66,16 @@ class LeaderElectionConfig:
     lease_duration_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
     retry_period_seconds: float = 2.0
+    # The ConfigMap (in the Lease's namespace) holding the creation journal: creates in flight,
+    # recorded before they are sent, read by whichever replica leads next. "": <leaseName>-journal.
+    journal_config_map: str = ""
+    # The EndpointSlice of the gRPC Service that the leader points at its own Pod (POD_IP);
+    # None: this replica routes nothing (the Service is not the chart's, or not in a Pod).
+    endpoint_slice: str | None = None
+
+    @property
+    def journal_name(self) -> str:
+        return self.journal_config_map or f"{self.lease_name}-journal"
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,12 @@ class Config:
     pricing: PricingConfig | None = None
     # None: no Kubernetes API connection (no drift checks, no leader election).
     kubernetes: KubernetesConfig | None = None
+    # Where the creation journal lives without leader election (a file in it); None: nowhere.
+    state_dir: Path | None = None
+
+    @property
+    def elects(self) -> bool:
+        return self.kubernetes is not None and self.kubernetes.leader_election.enabled
 
     def group(self, name: str) -> NodeGroupConfig | None:
         for group in self.node_groups:

@@ -46,6 +46,19 @@ def dns_label_error(value: str) -> str | None:
     return None
 
 
+def dns_subdomain_error(value: str) -> str | None:
+    """RFC 1123 subdomain: what Kubernetes accepts as the name of most objects (ConfigMaps,
+    EndpointSlices): dot-separated labels, at most 253 characters."""
+    if len(value) > SUBDOMAIN_MAX:
+        return f"must be at most {SUBDOMAIN_MAX} characters, got {len(value)}"
+    if not all(_DNS_LABEL.fullmatch(part) for part in value.split(".")):
+        return (
+            f'invalid name "{value}": expected a DNS-1123 subdomain (lowercase letters, digits, '
+            "'-' and '.', starting and ending with a letter or digit)"
+        )
+    return None
+
+
 def qualified_name_error(value: str) -> str | None:
     """A Kubernetes label/taint key: `[prefix/]name`, prefix a DNS subdomain."""
     prefix, slash, name = value.rpartition("/")

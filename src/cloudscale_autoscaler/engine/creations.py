@@ -17,6 +17,9 @@ Design decisions:
   with the same error instead of being sent.
 - DecreaseTargetSize removes placeholders first, then creations not yet sent; it never
   deletes a server (CA deletes nodes through DeleteNodes).
+- With a creation journal, a batch's creates are recorded before the first is sent; if the
+  record cannot be written, none is sent and each fails like a create the API refused
+  (transient: IncreaseSize answers UNAVAILABLE within its wait, a placeholder after it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.providerid import format_provider_id, placeholder_provider_id
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.engine.userdata import UserDataError
+from cloudscale_autoscaler.journal.store import JournalError
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,9 @@ class Creations:
         batch = Batch(delta)
         for server_spec in specs:
             self._start_creation(group, batch, server_spec)
+        journal = self._inventory.journal
+        if journal is not None:  # the batch's creates are registered: the write covers them
+            batch.recorded = asyncio.ensure_future(journal.persist())
         log.info(
             "group %s: creating %d server(s), target %d -> %d", name, delta, target, target + delta
         )
@@ -161,6 +168,8 @@ class Creations:
     # --- one creation ---------------------------------------------------------------------
 
     async def _create(self, group: GroupState, creation: Creation, server_spec: ServerSpec) -> None:
+        if not await self._recorded(group, creation):
+            return
         async with self._create_slots:
             if group.creations.get(creation.request_id) is not creation:
                 return  # cancelled, or already listed, while it waited for a slot
@@ -177,6 +186,24 @@ class Creations:
                 return
         self._creation_acked(group, creation, server)
 
+    async def _recorded(self, group: GroupState, creation: Creation) -> bool:
+        """Whether the journal holds the creation's batch (or there is no journal)."""
+        recorded = creation.batch.recorded
+        if recorded is None:
+            return True
+        try:
+            await asyncio.shield(recorded)
+        except JournalError as error:
+            if group.creations.get(creation.request_id) is creation:
+                failure = CloudError(
+                    f"not sent: the creation journal could not record it first: {error}",
+                    None,
+                    "create_server",
+                )
+                self._creation_failed(group, creation, failure)
+            return False
+        return True
+
     def _creation_acked(self, group: GroupState, creation: Creation, server: Server) -> None:
         creation.batch.successes += 1
         creation.batch.record()
@@ -188,6 +215,7 @@ class Creations:
         self._inventory.index(format_provider_id(server.uuid), group)
         if server.uuid in group.servers:
             del group.creations[creation.request_id]
+        self._inventory.journal_changed()  # the API has it: listings will show it
         log.info("group %s: created server %s (%s)", group.name, server.name, server.uuid)
 
     def _creation_failed(self, group: GroupState, creation: Creation, error: CloudError) -> None:
@@ -198,6 +226,7 @@ class Creations:
             batch.record()
             return
         self._record_failure(group, creation, error)
+        self._inventory.journal_changed()
         if batch.stopped_by is not None:
             # Sent before the batch stopped; its refusal is part of the summary already logged.
             log.debug("group %s: creating %s failed: %s", group.name, creation.name, error)
@@ -247,6 +276,7 @@ class Creations:
         del group.creations[creation.request_id]
         creation.batch.cancelled += 1
         creation.batch.record()
+        self._inventory.journal_changed()
 
     # --- shutdown, leadership lost --------------------------------------------------------
 

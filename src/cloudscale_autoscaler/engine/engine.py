@@ -37,6 +37,7 @@ from cloudscale_autoscaler.engine.inventory import Inventory, api_problem
 from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.pricing import Pricer
 from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, group_status
+from cloudscale_autoscaler.journal.store import JournalStore
 from cloudscale_autoscaler.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -108,11 +109,19 @@ class Engine:
         self._background.closing = True
         self.drop_queued_creations("shutting down")
         await self._background.drain(grace_seconds)
+        if self._inventory.journal is not None:
+            await self._inventory.journal.aclose()
 
     def drop_queued_creations(self, why: str) -> None:
         """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the
         next leader counts only servers that exist), saying per group how many."""
         self._creations.drop_queued(why)
+
+    def use_journal(self, store: JournalStore, holder: str) -> None:
+        """Record creates in `store` before they are sent, and count what an earlier process
+        left there (`holder` names this replica in it). Call before start or load: without a
+        journal a restart during a scale-up can double it."""
+        self._inventory.use_journal(store, holder)
 
     async def load(self, timeout_seconds: float = 10.0) -> None:
         """Load the inventory now; raises CloudUnavailable or TimeoutError."""

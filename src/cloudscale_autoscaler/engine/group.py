@@ -29,7 +29,13 @@ from cloudscale_autoscaler.engine.providerid import (
     parse_placeholder_id,
     parse_server_uuid,
 )
-from cloudscale_autoscaler.engine.records import Creation, CreationState, Placeholder, Recent
+from cloudscale_autoscaler.engine.records import (
+    Batch,
+    Creation,
+    CreationState,
+    Placeholder,
+    Recent,
+)
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -210,6 +216,31 @@ class GroupState:
                     server.uuid,
                 )
                 self.gone.add(request_id)
+
+    # --- creates an earlier process recorded ---------------------------------------------------
+
+    def listed_requests(self) -> set[str]:
+        return {rid for server in self.servers.values() if (rid := server.tags.get(TAG_REQUEST))}
+
+    def adopt(self, request_id: str, name: str, recorded_at: str, expires: float) -> None:
+        """Count a create that an earlier process recorded and sent (or was about to send)
+        until a listing shows its request tag or `expires` passes; the caller checked that it
+        is neither listed nor known here."""
+        creation = Creation(request_id, name, Batch(1), CreationState.SENDING)
+        creation.recorded_at, creation.expires = recorded_at, expires
+        self.creations[request_id] = creation
+        self.issued.add(request_id)  # ours, though another process sent it
+
+    def expire_adopted(self, now: float) -> list[Creation]:
+        """Adopted creates no listing showed within their bound, dropped from the count."""
+        expired = [
+            c
+            for c in self.creations.values()
+            if c.expires is not None and c.uuid is None and now >= c.expires
+        ]
+        for creation in expired:
+            del self.creations[creation.request_id]
+        return expired
 
     # --- placeholders -------------------------------------------------------------------------
 

@@ -14,6 +14,11 @@ Design decisions (see group.py for how target size is counted):
 - Before the first successful listing, TargetSize answers from what it knows (creations and
   placeholders only); CA calls Refresh first in every loop, and every mutating call loads
   the inventory itself before acting.
+- With a creation journal, the first listing of a process (and of each leadership) comes
+  after the journal is claimed: creates an earlier process recorded and no listing shows are
+  adopted and counted until listed, or until ADOPTED_BOUND_FACTOR x cloudscale.timeoutSeconds
+  pass; then they become failed placeholders like any create that failed. No listing is
+  applied while the journal cannot be read: a target without them could double a scale-up.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ from cloudscale_autoscaler.engine.providerid import (
     parse_server_uuid,
     placeholder_provider_id,
 )
+from cloudscale_autoscaler.engine.records import ERROR_CLASS_OTHER, Creation, Placeholder
+from cloudscale_autoscaler.journal.entries import Entry
+from cloudscale_autoscaler.journal.store import JournalError, JournalStore
+from cloudscale_autoscaler.journal.writer import Journal
 from cloudscale_autoscaler.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -49,6 +58,10 @@ log = logging.getLogger(__name__)
 
 NOT_MANAGED = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup())
 API_UNREACHABLE = "the cloudscale.ch API is unreachable"
+# An adopted create is counted for this many client timeouts: the process that sent it gave
+# up on its answer after one timeout at most, and the API answers well within another.
+ADOPTED_BOUND_FACTOR = 2
+UNCONFIRMED = "CREATE_UNCONFIRMED"
 
 
 class Inventory:
@@ -64,6 +77,8 @@ class Inventory:
         self._background = background
         self._clock = clock
         self.groups = {group.name: GroupState(group) for group in config.node_groups}
+        self.journal: Journal | None = None
+        self._claiming: asyncio.Task[None] | None = None
         self._ticks = itertools.count(1)
         self._applied_start = 0  # start tick of the listing the inventory comes from
         self._stale = False  # set by forget until the next listing applies
@@ -79,9 +94,11 @@ class Inventory:
     def forget(self) -> None:
         """Mark the inventory stale (a new leadership: another replica may have changed the
         cloud meanwhile). `loaded` is False until a listing started after this call applies;
-        one started before is dropped."""
+        one started before is dropped. The journal is claimed again before that listing."""
         self._applied_start = self.tick()
         self._stale = True
+        if self.journal is not None:
+            self.journal.forget()
 
     @property
     def loaded(self) -> bool:
@@ -93,7 +110,10 @@ class Inventory:
         """List the cluster's servers and apply the listing. It runs as a task of its own: a
         caller that gives up (CA's deadline, a cancelled call) leaves it to finish, so what it
         records about the API is the API's answer or the client's own timeout, never one
-        caller's deadline, and the next caller finds the inventory it brought."""
+        caller's deadline, and the next caller finds the inventory it brought. The journal,
+        if any, is claimed first."""
+        if self.journal is not None and not self.journal.claimed:
+            await self._claim(why)
         listing = asyncio.get_running_loop().create_task(self._list(why, self.tick()))
         self._background.track(listing)
         try:
@@ -122,6 +142,69 @@ class Inventory:
             ) from error
         self.api_down = None
         self._apply_listing(servers, start)
+
+    # --- the creation journal -------------------------------------------------------------
+
+    async def _claim(self, why: str) -> None:
+        """Claim the journal and adopt what it holds; concurrent callers share one claim."""
+        if self._claiming is None or self._claiming.done():
+            self._claiming = asyncio.get_running_loop().create_task(self._adopt_journal())
+            # Its failure reaches every caller; one left by a cancelled caller is retrieved.
+            self._claiming.add_done_callback(lambda task: task.cancelled() or task.exception())
+        try:
+            await asyncio.shield(self._claiming)
+        except JournalError as error:
+            raise CloudUnavailable(
+                f"{why}: cannot claim the creation journal, so no target is known: {error}"
+            ) from error
+
+    async def _adopt_journal(self) -> None:
+        assert self.journal is not None
+        entries = await self.journal.claim()
+        expires = self._clock() + ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds
+        adopted: dict[str, int] = {}
+        for entry in entries:
+            group = self.groups.get(entry.group)
+            if group is None:
+                log.warning(
+                    "creation journal %s: create %s of node group %s, which is not configured: "
+                    "ignored",
+                    self.journal.where,
+                    entry.request,
+                    clip(entry.group),
+                )
+                continue
+            known = group.creations.keys() | group.placeholders.keys()
+            if entry.request in known or entry.request in group.listed_requests():
+                continue
+            group.adopt(entry.request, entry.name, entry.at, expires)
+            adopted[group.name] = adopted.get(group.name, 0) + 1
+        for name, count in adopted.items():
+            log.warning(
+                "creation journal %s: %d create(s) of node group %s sent by an earlier process "
+                "and not listed yet: counted in its target until listed, for %gs at most",
+                self.journal.where,
+                count,
+                name,
+                expires - self._clock(),
+            )
+
+    def use_journal(self, store: JournalStore, holder: str) -> None:
+        """Record creates in `store` from now on; before the first listing."""
+        self.journal = Journal(store, self._config.cluster, holder, self.unconfirmed_entries)
+
+    def unconfirmed_entries(self) -> list[Entry]:
+        """What the journal must hold: every create the API has not answered yet."""
+        return [
+            Entry(creation.request_id, group.name, creation.name, creation.recorded_at)
+            for group in self.groups.values()
+            for creation in group.creations.values()
+            if creation.uuid is None
+        ]
+
+    def journal_changed(self) -> None:
+        if self.journal is not None:
+            self.journal.touch()
 
     async def ensure_loaded(self, why: str) -> None:
         if not self.loaded:
@@ -153,6 +236,7 @@ class Inventory:
             group.apply_listing(buckets[name], start)
             self._check_overshoot(group)
         self._rebuild_index()
+        self.journal_changed()  # creates it showed are confirmed
 
     def _check_overshoot(self, group: GroupState) -> None:
         """Warn once per episode when a group holds more servers than its maxSize and some
@@ -234,7 +318,29 @@ class Inventory:
         return group
 
     def expire(self, group: GroupState) -> None:
-        group.expire_placeholders(self._clock(), self._config.placeholder_expiry_seconds)
+        now = self._clock()
+        expired = group.expire_adopted(now)
+        for creation in expired:
+            self._unconfirmed(group, creation, now)
+        if expired:
+            self.journal_changed()
+        group.expire_placeholders(now, self._config.placeholder_expiry_seconds)
+
+    def _unconfirmed(self, group: GroupState, creation: Creation, now: float) -> None:
+        """An adopted create no listing showed in time: its process died before sending it,
+        or the API refused it. A failed placeholder, so CA deletes it and plans again."""
+        message = (
+            f"create {creation.request_id} ({creation.name}), recorded {creation.recorded_at} by "
+            f"an earlier process, was not listed within "
+            f"{ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds:g}s: taken for "
+            "never made"
+        )
+        log.warning("group %s: %s", group.name, message)
+        placeholder = Placeholder(
+            creation.request_id, creation.request_id, UNCONFIRMED, message, ERROR_CLASS_OTHER, now
+        )
+        group.add_placeholder(placeholder)
+        self.index(placeholder_provider_id(placeholder.ident), group)
 
     def owner_of(self, uuid: str) -> str | None:
         for name, group in self.groups.items():

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.journal.entries import now_text
 
 # CA's InstanceErrorClass values.
 ERROR_CLASS_OUT_OF_RESOURCES = 1
@@ -35,6 +36,8 @@ class Batch:
     stopped_by: CloudError | None = None
     placeholder_ids: list[str] = field(default_factory=list)
     settled: asyncio.Event = field(default_factory=asyncio.Event)
+    # The creation journal's write of this batch; its creates are sent once it succeeded.
+    recorded: asyncio.Future[None] | None = None
 
     def record(self) -> None:
         # Settled once the outcome is known: one success is enough to know not all failed.
@@ -57,6 +60,11 @@ class Creation:
     # Engine tick of the API's answer: a listing that started later and lacks the uuid
     # proves the server is gone.
     acked_tick: int = 0
+    # When it was decided (wall clock, RFC 3339), as the creation journal records it.
+    recorded_at: str = field(default_factory=now_text)
+    # A create an earlier process recorded and no listing has shown yet: counted until this
+    # time (monotonic), then taken for never made (a failed placeholder).
+    expires: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""One journal record and its text form (pure: no I/O).
+
+The text is JSON:
+
+    {"format": 1, "cluster": "prod", "holder": "provider-7c9-x2", "creations": [
+        {"request": "9f2c...", "group": "workers", "name": "prod-workers-ab12cd34",
+         "at": "2026-11-27T10:00:00Z"}, ...]}
+
+`request` is the create's k8s-autoscaler-request tag: a listed server carrying it IS that
+create. `at` is when it was recorded, by the writer's wall clock; it is for people and logs,
+never compared with the reader's clock (two nodes' clocks need not agree).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+FORMAT = 1
+_FIELDS = ("request", "group", "name", "at")
+
+
+@dataclass(frozen=True)
+class Entry:
+    request: str
+    group: str
+    name: str
+    at: str
+
+
+@dataclass
+class Decoded:
+    """A record as read: its holder, the entries that could be read, and what could not."""
+
+    holder: str = ""
+    entries: list[Entry] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def encode(cluster: str, holder: str, entries: list[Entry]) -> str:
+    creations = [{name: getattr(entry, name) for name in _FIELDS} for entry in entries]
+    body = {"format": FORMAT, "cluster": cluster, "holder": holder, "creations": creations}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def decode(text: str, cluster: str) -> Decoded:
+    """The entries of a record for `cluster`. Never raises: a record that cannot be read, or
+    was written for another cluster, yields no entries and says why in `problems`."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        return Decoded(problems=[f"not JSON ({exc}); truncated or overwritten?"])
+    if not isinstance(body, dict):
+        return Decoded(problems=[f"expected a JSON object, got {type(body).__name__}"])
+    if body.get("format") != FORMAT:
+        return Decoded(problems=[f"format {body.get('format')!r} is not {FORMAT}"])
+    if body.get("cluster") != cluster:
+        return Decoded(
+            problems=[f"written for cluster {body.get('cluster')!r}, not {cluster!r}: foreign"]
+        )
+    holder = body.get("holder")
+    decoded = Decoded(holder=holder if isinstance(holder, str) else "")
+    creations = body.get("creations")
+    if not isinstance(creations, list):
+        decoded.problems.append("`creations` is not a list")
+        return decoded
+    for index, raw in enumerate(creations):
+        entry = _entry(raw)
+        if entry is None:
+            decoded.problems.append(f"creations[{index}]: expected {_shape()}, got {raw!r:.200}")
+        else:
+            decoded.entries.append(entry)
+    return decoded
+
+
+def _entry(raw: Any) -> Entry | None:
+    if not isinstance(raw, dict):
+        return None
+    values = [raw.get(name) for name in _FIELDS]
+    texts = [value for value in values if isinstance(value, str) and value]
+    return Entry(*texts) if len(texts) == len(_FIELDS) else None
+
+
+def _shape() -> str:
+    return "{" + ", ".join(f'"{name}": <string>' for name in _FIELDS) + "}"

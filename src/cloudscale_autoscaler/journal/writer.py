@@ -1,0 +1,190 @@
+"""The journal's one writer: claims the record, then keeps it equal to the creates in flight.
+
+- `claim()` reads the record, reports what cannot be read (a clear log line, never a crash),
+  and writes it back naming this replica as holder. A store that compares versions then
+  refuses any later write of a replica that held the record before: a leader that lost its
+  Lease and wakes up late cannot record (hence cannot send) creates behind the new leader.
+- `persist()` writes the current snapshot (the engine's creates not yet confirmed) and returns
+  once a write that began after the call succeeded: a batch of creates is sent only after it.
+  Concurrent callers share writes.
+- `touch()` asks for a write some time soon: a create confirmed, failed or cancelled leaves
+  the record stale, which is safe (its request tag is listed, or the entry waits out its
+  bound) but not tidy.
+
+Runs on the asyncio loop; writes happen one at a time, in the writer task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from cloudscale_autoscaler.journal.entries import Entry, decode, encode
+from cloudscale_autoscaler.journal.store import Conflict, JournalError, JournalStore, Stored
+
+log = logging.getLogger(__name__)
+
+# Reads and writes of a claim racing another writer before giving up.
+CLAIM_ATTEMPTS = 3
+# How long a touch() waits for more changes before writing them together.
+DEBOUNCE_SECONDS = 0.5
+
+
+class Journal:
+    def __init__(
+        self,
+        store: JournalStore,
+        cluster: str,
+        holder: str,
+        snapshot: Callable[[], list[Entry]],
+        debounce_seconds: float = DEBOUNCE_SECONDS,
+    ) -> None:
+        self._store = store
+        self._cluster = cluster
+        self.holder = holder
+        self._snapshot = snapshot
+        self._debounce = debounce_seconds
+        self._claimed = False
+        self._version: str | None = None
+        self._text: str | None = None  # what the record holds, as we last wrote it
+        self._requested = 0  # persist() calls so far
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def where(self) -> str:
+        return self._store.where
+
+    # --- claiming -------------------------------------------------------------------------
+
+    async def claim(self) -> list[Entry]:
+        """Make the record ours; the entries an earlier holder left in it. JournalError when
+        the store cannot be read or written."""
+        for _ in range(CLAIM_ATTEMPTS):
+            stored = await self._store.read()
+            left = self._readable(stored)
+            mine = self._snapshot()
+            known = {entry.request for entry in mine}
+            kept = mine + [entry for entry in left if entry.request not in known]
+            text = encode(self._cluster, self.holder, kept)
+            try:
+                self._version = await self._store.write(text, stored.version)
+            except Conflict:
+                continue
+            self._text, self._claimed = text, True
+            return left
+        raise JournalError(f"{self.where} kept changing while it was claimed: another writer?")
+
+    @property
+    def claimed(self) -> bool:
+        return self._claimed
+
+    def forget(self) -> None:
+        """No longer ours (leadership lost): the next claim reads it again."""
+        self._claimed = False
+
+    def _readable(self, stored: Stored) -> list[Entry]:
+        if stored.text is None:
+            return []
+        decoded = decode(stored.text, self._cluster)
+        for problem in decoded.problems:
+            log.error(
+                "creation journal %s: %s; creates it may have held are not counted (a restart "
+                "during a scale-up may have doubled it)",
+                self.where,
+                problem,
+            )
+        return decoded.entries
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def persist(self) -> None:
+        """The creates in flight now are on record when this returns; JournalError if not."""
+        if not self._claimed:
+            raise JournalError(f"{self.where} is not claimed by this replica (not leading)")
+        self._requested += 1
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._requested, done))
+        self._start()
+        await asyncio.shield(done)
+
+    def touch(self) -> None:
+        if self._claimed:
+            self._start()
+
+    def _start(self) -> None:
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self._waiters:
+                    await asyncio.sleep(self._debounce)  # a touch: let more changes gather
+                covered = self._requested
+                try:
+                    await self._write()
+                    error: JournalError | None = None
+                except JournalError as exc:
+                    error = exc
+                    if not self._waiters:
+                        log.warning("creation journal: %s", exc)
+                self._settle(covered, error)
+        finally:  # stopped (shutdown): nobody may wait for a write that will not come
+            self._settle(self._requested, JournalError(f"{self.where}: writer stopped"))
+
+    def _settle(self, covered: int, error: JournalError | None) -> None:
+        still = []
+        for number, done in self._waiters:
+            if number > covered:
+                still.append((number, done))
+            elif done.done():
+                continue
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+        self._waiters = still
+
+    async def _write(self) -> None:
+        if not self._claimed:
+            if self._waiters:
+                raise JournalError(f"{self.where} is not claimed by this replica (not leading)")
+            return  # a touch after the record was lost: nothing of ours to write
+        text = encode(self._cluster, self.holder, self._snapshot())
+        if text == self._text:
+            return
+        try:
+            self._version = await self._store.write(text, self._version)
+        except Conflict:
+            await self._recover_version()
+            self._version = await self._store.write(text, self._version)
+        self._text = text
+
+    async def _recover_version(self) -> None:
+        """After a conflict: still ours (an edit by hand, or our own write whose answer was
+        lost) means write again over it; another holder means this replica lost the record."""
+        stored = await self._store.read()
+        holder = decode(stored.text or "", self._cluster).holder
+        if holder != self.holder:
+            self._claimed = False
+            raise JournalError(
+                f"{self.where} is now held by {holder or 'nobody'}: this replica no longer "
+                "records (nor sends) creates"
+            )
+        self._version = stored.version
+
+    async def aclose(self, grace_seconds: float = 2.0) -> None:
+        """A last write of what is in flight (shutdown), then stop the writer."""
+        if self._claimed and self._task is not None:
+            with contextlib.suppress(JournalError, TimeoutError):
+                await asyncio.wait_for(self.persist(), grace_seconds)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -55,7 +55,16 @@ EXAMPLES = DEPLOY / "examples"
 
 PROVIDER = "cloudscale-autoscaler"  # container name, and object names in kube-system
 CLIENT_CN = "cluster-autoscaler"
-CLUSTER_SCOPED = frozenset({"ClusterRole", "ClusterRoleBinding"})
+CLUSTER_SCOPED = frozenset(
+    {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
+# Node Events live in `default`: the one Role (and binding) outside the provider's namespace.
+NODE_EVENTS = "node-events"
 CLOUD_CONFIG_KEYS = {"address", "cert", "key", "cacert", "grpc_timeout"}
 # Which file of a cert-manager Secret each TLS setting of the config must name.
 TLS_FILES = {"cert": "tls.crt", "key": "tls.key", "clientCA": "ca.crt"}
@@ -127,6 +136,8 @@ BUILTIN_GROUPS = frozenset(
         "networking.k8s.io",
         "rbac.authorization.k8s.io",
         "coordination.k8s.io",
+        "discovery.k8s.io",
+        "admissionregistration.k8s.io",
         "scheduling.k8s.io",
         "storage.k8s.io",
     }
@@ -359,6 +370,8 @@ KUSTOMIZE_COMMON: dict[str, Any] = {
     "labels": [Obj({"pairs": dict}, {"includeSelectors": bool, "includeTemplates": bool})],
     "commonAnnotations": dict,
     "replacements": list,
+    # Inline transformer configs (YAML text), as the base's namespace transformer.
+    "transformers": [str],
 }
 KUSTOMIZATION = Obj(
     {
@@ -525,7 +538,9 @@ def check_hardening(deployment: Doc) -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     for bound in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(container["resources"][bound]), bound
-    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] != "tmp")
+    # Written: /tmp and, without leader election, the creation journal's stateDir.
+    writable = {"tmp", "state"}
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] not in writable)
 
 
 def check_probes(deployment: Doc, config: Doc) -> None:
@@ -548,13 +563,19 @@ def provider_config(bundle: Bundle) -> Doc:
 
 
 def check_config_paths(deployment: Doc, config: Doc) -> None:
-    """The config's TLS and token paths are the files the pod mounts."""
+    """The config's TLS and token paths are the files the pod mounts; without leader
+    election the creation journal's stateDir is a volume that outlives the container."""
     tls_dir = mount_path(deployment, "tls")
     for key, file_name in TLS_FILES.items():
         assert config["tls"][key] == f"{tls_dir}/{file_name}", f"tls.{key}"
     token = volume(deployment, "token")["secret"]
     (item,) = token["items"]
     assert config["cloudscale"]["tokenFile"] == f"{mount_path(deployment, 'token')}/{item['path']}"
+    if elects(config):
+        assert "stateDir" not in config
+    else:
+        assert config["stateDir"] == mount_path(deployment, "state")
+        assert "emptyDir" in volume(deployment, "state")
 
 
 def load_pod_config(config: Doc, tmp_path: Path) -> Config:
@@ -571,6 +592,8 @@ def load_pod_config(config: Doc, tmp_path: Path) -> Config:
         local["tls"][key] = str(_write_under(tmp_path, config["tls"][key], content))
     token_file = _write_under(tmp_path, config["cloudscale"]["tokenFile"], b"test-token\n")
     local["cloudscale"]["tokenFile"] = str(token_file)
+    if "stateDir" in local:
+        local["stateDir"] = str(tmp_path / local["stateDir"].lstrip("/"))
     config_file = tmp_path / "config.yaml"
     config_file.write_text(yaml.safe_dump(local), encoding="utf-8")
     return load_config(config_file, env={})
@@ -584,22 +607,26 @@ def _write_under(tmp_path: Path, pod_path: str, content: bytes) -> Path:
     return local
 
 
-LEADER_LABEL = {"autoscaler.cloudscale.ch/leader": "true"}
+def elects(config: Doc) -> bool:
+    return bool(((config.get("kubernetes") or {}).get("leaderElection") or {}).get("enabled"))
 
 
 def check_service(bundle: Bundle, config: Doc) -> Doc:
-    """The gRPC Service selects the provider's Pods, and with leader election only the one the
-    leader labelled; a second Service selects every replica's metrics port. Returns the
-    gRPC one."""
+    """The gRPC Service selects the provider's Pods, or, with leader election, nothing: its
+    one EndpointSlice, which only the leader writes, is made empty by the install and named
+    in the config. A second Service selects every replica's metrics port. Returns the gRPC
+    one."""
     deployment = bundle.provider()
     services = sorted(bundle.all("Service"), key=lambda s: str(s["metadata"]["name"]))
     grpc_service, metrics_service = services
     assert metrics_service["metadata"]["name"] == grpc_service["metadata"]["name"] + "-metrics"
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    elects = bool(((config.get("kubernetes") or {}).get("leaderElection") or {}).get("enabled"))
-    selector = grpc_service["spec"]["selector"]
-    assert selector.items() <= {**pod_labels, **(LEADER_LABEL if elects else {})}.items()
-    assert (LEADER_LABEL.items() <= selector.items()) == elects
+    if elects(config):
+        assert "selector" not in grpc_service["spec"]
+        check_leader_route(bundle, config, grpc_service)
+    else:
+        assert grpc_service["spec"]["selector"].items() <= pod_labels.items()
+        assert not bundle.all("EndpointSlice")
     assert metrics_service["spec"]["selector"].items() <= pod_labels.items()
     assert metrics_service["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
     assert {p["name"] for p in container_of(deployment)["ports"]} == {"grpc", "metrics"}
@@ -610,6 +637,34 @@ def check_service(bundle: Bundle, config: Doc) -> Doc:
         assert wanted <= metrics_service["metadata"]["labels"].items()
         assert not wanted <= grpc_service["metadata"]["labels"].items()
     return grpc_service
+
+
+def check_leader_route(bundle: Bundle, config: Doc, service: Doc) -> None:
+    """The EndpointSlice the config names belongs to the gRPC Service (kube-proxy's label), is
+    not the EndpointSlice controller's, carries the grpc port the container listens on and no
+    endpoints (an upgrade leaves the leader's alone); the journal's ConfigMap exists, empty;
+    the admission policy that pins the slice's labels and ports binds to the account."""
+    election = config["kubernetes"]["leaderElection"]
+    (route,) = bundle.all("EndpointSlice")
+    assert route["metadata"]["name"] == election["endpointSlice"]
+    labels = route["metadata"]["labels"]
+    assert labels["kubernetes.io/service-name"] == service["metadata"]["name"]
+    assert labels["endpointslice.kubernetes.io/managed-by"] != "endpointslice-controller.k8s.io"
+    container_port = next(
+        p["containerPort"] for p in container_of(bundle.provider())["ports"] if p["name"] == "grpc"
+    )
+    assert route["ports"] == [{"name": "grpc", "port": container_port, "protocol": "TCP"}]
+    assert "endpoints" not in route
+    journal = bundle.get("ConfigMap", election["journalConfigMap"])
+    assert "data" not in journal
+    (policy,) = bundle.all("ValidatingAdmissionPolicy")
+    (binding,) = bundle.all("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [{"apiGroups": ["discovery.k8s.io"], "apiVersions": ["*"],
+                      "operations": ["UPDATE"], "resources": ["endpointslices"]}]  # fmt: skip
 
 
 def cloud_config(bundle: Bundle) -> Doc:
@@ -662,23 +717,38 @@ def check_issuer_chain(bundle: Bundle, *leaves: Doc) -> None:
     assert "selfSigned" in root["spec"]
 
 
-def rules_of(bundle: Bundle, kind: str, subject: Doc) -> list[Doc]:
-    """Rules of every `kind` (Role, ClusterRole) bound to `subject` by its binding kind."""
+def rules_of(bundle: Bundle, kind: str, subject: Doc, namespace: str | None = None) -> list[Doc]:
+    """Rules of every `kind` (Role, ClusterRole) bound to `subject` by its binding kind, in
+    `namespace` (Roles), in the order the bindings come."""
     binding_kind = f"{kind}Binding"
-    names = [
-        b["roleRef"]["name"]
+    bindings = [
+        b
         for b in bundle.all(binding_kind)
-        if b["roleRef"]["kind"] == kind and subject in b["subjects"]
+        if b["roleRef"]["kind"] == kind
+        and subject in b["subjects"]
+        and b["metadata"].get("namespace") == namespace
     ]
-    return [rule for name in names for rule in bundle.get(kind, name)["rules"]]
+    roles = [
+        r
+        for b in bindings
+        for r in bundle.all(kind)
+        if r["metadata"]["name"] == b["roleRef"]["name"]
+        and r["metadata"].get("namespace") == namespace
+    ]
+    return [rule for role in roles for rule in role["rules"]]
+
+
+EVENT_RULES = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
 
 
 def check_cluster_access(bundle: Bundle, config: Doc) -> None:
-    """With the `kubernetes` section: a token, RBAC for exactly what the provider does (read
-    Nodes; create and patch Events; create, get and update its own Lease and label Pods in
-    its namespace), the downward API's Pod name, namespace and uid and, with
-    several replicas, leader election, one replica per node, a rolling update one at a time,
-    and a PDB unless turned off. Without it: none of that, and Recreate."""
+    """With the `kubernetes` section: a token and RBAC for exactly what the provider does
+    (docs/deployment.md, Rights): read Nodes; create and patch Events in its namespace and in
+    `default`; with leader election, create Leases and, by name, get and update its own, patch
+    its EndpointSlice and get and patch its journal ConfigMap; no right on Pods or Secrets.
+    With several replicas: leader election, one replica per node, a rolling update one at a
+    time, a PDB unless turned off, and the downward API's Pod name, namespace, uid and IP.
+    Without the section: none of that, and Recreate."""
     deployment = bundle.provider()
     pod = deployment["spec"]["template"]["spec"]
     namespace = deployment["metadata"]["namespace"]
@@ -694,12 +764,13 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
         return
     assert rules_of(bundle, "ClusterRole", subject) == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
+    assert rules_of(bundle, "Role", subject, "default") == EVENT_RULES
     election = kube["leaderElection"]
     assert election["enabled"] is True and replicas == 2
     assert election.get("namespace", namespace) == namespace
-    assert rules_of(bundle, "Role", subject) == [
+    assert rules_of(bundle, "Role", subject, namespace) == [
+        *EVENT_RULES,
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
             "apiGroups": ["coordination.k8s.io"],
@@ -707,7 +778,18 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
             "resourceNames": [election["leaseName"]],
             "verbs": ["get", "update"],
         },
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "resourceNames": [election["endpointSlice"]],
+            "verbs": ["patch"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [election["journalConfigMap"]],
+            "verbs": ["get", "patch"],
+        },
     ]
     strategy = deployment["spec"]["strategy"]
     assert strategy == {"type": "RollingUpdate",
@@ -726,7 +808,19 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
         "POD_NAME": "metadata.name",
         "POD_NAMESPACE": "metadata.namespace",
         "POD_UID": "metadata.uid",
+        "POD_IP": "status.podIP",
     }
+
+
+def check_namespaces(docs: list[Doc]) -> None:
+    """Everything in the provider's namespace, but the cluster-scoped objects (no namespace)
+    and the Role for Node Events and its binding (in `default`)."""
+    namespaced = [d for d in docs if d["kind"] not in CLUSTER_SCOPED]
+    node_events = [d for d in namespaced if d["metadata"]["name"].endswith(NODE_EVENTS)]
+    namespaces = {d["metadata"].get("namespace") for d in namespaced if d not in node_events}
+    assert len(namespaces) == 1 and None not in namespaces, f"one namespace: {namespaces}"
+    assert {d["metadata"].get("namespace") for d in node_events} <= {"default"}
+    assert all("namespace" not in d["metadata"] for d in docs if d["kind"] in CLUSTER_SCOPED)
 
 
 def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
@@ -734,9 +828,7 @@ def check_bundle(docs: list[Doc], tmp_path: Path, source: str) -> Bundle:
     assert_deserializes(docs, source)
     bundle = Bundle(docs)
     deployment = bundle.provider()
-    namespaces = {d["metadata"].get("namespace") for d in docs if d["kind"] not in CLUSTER_SCOPED}
-    assert len(namespaces) == 1 and None not in namespaces, f"one namespace: {namespaces}"
-    assert all("namespace" not in d["metadata"] for d in docs if d["kind"] in CLUSTER_SCOPED)
+    check_namespaces(docs)
     check_hardening(deployment)
     config = provider_config(bundle)
     check_probes(deployment, config)
@@ -900,7 +992,11 @@ def test_kustomize_base_builds_a_working_install(kustomize: list[str], tmp_path:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     published = f"{PUBLISHED_IMAGE}:{project['version']}"
     assert container_of(bundle.provider())["image"] == published, "the release's image by default"
-    namespaced = [d for d in bundle.docs if d["kind"] not in CLUSTER_SCOPED]
+    namespaced = [
+        d
+        for d in bundle.docs
+        if d["kind"] not in CLUSTER_SCOPED and not d["metadata"]["name"].endswith(NODE_EVENTS)
+    ]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"kube-system"}
 
 
@@ -1123,8 +1219,15 @@ def test_helm_and_kustomize_produce_the_same_objects(helm: str, kustomize: list[
         for d in (chart, kust)
     )
     assert helm_kube["driftInterval"] == kust_kube["driftInterval"]
-    for key in ("enabled", "leaseName"):
+    for key in ("enabled", "leaseName", "endpointSlice", "journalConfigMap"):
         assert helm_kube["leaderElection"][key] == kust_kube["leaderElection"][key], key
+    route = (d[("EndpointSlice", PROVIDER)] for d in (chart, kust))
+    assert len({json.dumps([r["addressType"], r["ports"]]) for r in route}) == 1
+    # The same rules in the chart's template and the base's file (kept by hand in step).
+    policy = f"{PROVIDER}-leader-route"
+    for field in ("matchConstraints", "validations", "failurePolicy"):
+        helm_spec = chart[("ValidatingAdmissionPolicy", policy)]["spec"]
+        assert helm_spec[field] == kust[("ValidatingAdmissionPolicy", policy)]["spec"][field]
     assert helm_pod["replicas"] == kust_pod["replicas"]
     for field in ("securityContext", "automountServiceAccountToken", "serviceAccountName"):
         assert helm_pod["template"]["spec"][field] == kust_pod["template"]["spec"][field], field
@@ -1156,7 +1259,7 @@ def cloud_config_name() -> str:
     (found,) = [
         d["metadata"]["name"]
         for d in base_objects().all("ConfigMap")
-        if "cloud-config" in d["data"]
+        if "cloud-config" in d.get("data", {})
     ]
     return str(found)
 

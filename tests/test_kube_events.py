@@ -230,21 +230,13 @@ async def test_a_failed_deletion_is_an_event_on_the_node(
 
 
 @pytest.fixture
-async def fresh_lease(kube: Kube) -> AsyncIterator[k8s.CoordinationV1Api]:
-    """No Lease left from another test (they share the apiserver and the Lease name)."""
-    api = k8s.CoordinationV1Api(kube.client())
-
-    def delete() -> None:
-        with contextlib.suppress(k8s.ApiException):
-            api.delete_namespaced_lease(LEASE, NAMESPACE)
-
-    await asyncio.to_thread(delete)
-    yield api
-    await asyncio.to_thread(delete)
+def lease_api(kube: Kube, fresh_election: None) -> k8s.CoordinationV1Api:
+    """No Lease or journal left from another test (they share the apiserver and the names)."""
+    return k8s.CoordinationV1Api(kube.client())
 
 
 async def test_leadership_gained_and_lost_are_events_on_the_replicas_pod(
-    serve: Serve, pod: Regarding, kube: Kube, fresh_lease: k8s.CoordinationV1Api
+    serve: Serve, pod: Regarding, kube: Kube, lease_api: k8s.CoordinationV1Api
 ) -> None:
     election = {"enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
                 "leaseDuration": "3s", "renewDeadline": "2s", "retryPeriod": "500ms"}  # fmt: skip
@@ -256,11 +248,11 @@ async def test_leadership_gained_and_lost_are_events_on_the_replicas_pod(
     )
 
     def steal() -> None:
-        lease = fresh_lease.read_namespaced_lease(LEASE, NAMESPACE)
+        lease = lease_api.read_namespaced_lease(LEASE, NAMESPACE)
         lease.spec.holder_identity = "intruder"
         lease.spec.lease_duration_seconds = 600
         lease.spec.renew_time = datetime.now(UTC)
-        fresh_lease.replace_namespaced_lease(LEASE, NAMESPACE, lease)
+        lease_api.replace_namespaced_lease(LEASE, NAMESPACE, lease)
 
     await asyncio.to_thread(steal)
     lost = await one_event(kube, pod, "LeadershipLost")

@@ -3,8 +3,9 @@ kube-controller-manager, kube-scheduler, kwok Nodes; tests/fixtures/cluster.py),
 engineer installs them: `helm install --wait` and a rollout that completes with two replicas.
 
 kwok's Pods run nothing: the replicas are two real `serve` processes outside the Pods, each
-told its Pod's name, so the real election and labelling code decides what the gRPC Service's
-EndpointSlice lists: the leader's Pod alone, and after the leader is killed, the new leader's.
+told its Pod's name and address, so the real election and routing code decides what the gRPC
+Service's EndpointSlice lists: the leader's Pod alone, and after the leader is killed, the new
+leader's.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ async def replicas(
     cluster: Cluster, installed: float, tmp_path: Path, pki: PKI, emulator: RunningEmulator
 ) -> AsyncIterator[dict[str, ServeProcess]]:
     """After `helm install`: one `serve` process per Pod of the release, told its Pod's name."""
-    # No replica leads yet: the Service selects the leader label, which no Pod carries.
+    # No replica leads yet: the EndpointSlice the chart made lists no Pod.
     assert await endpoint_pods(cluster, FULLNAME) == []
     pods = await asyncio.to_thread(
         cluster.core().list_namespaced_pod,
@@ -155,12 +156,14 @@ async def replicas(
                     "kubeconfig": str(kubeconfig), "driftInterval": "0s",
                     "leaderElection": {
                         "enabled": True, "leaseName": FULLNAME, "namespace": NAMESPACE,
+                        "endpointSlice": FULLNAME, "journalConfigMap": f"{FULLNAME}-journal",
                         "leaseDuration": f"{LEASE_SECONDS}s", "renewDeadline": f"{RENEW_SECONDS}s",
                         "retryPeriod": f"{RETRY_SECONDS}s",
                     },
                 },
             )  # fmt: skip
-            env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_UID": pod.metadata.uid}
+            env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_UID": pod.metadata.uid,
+                   "POD_IP": pod.status.pod_ip}  # fmt: skip
             started[name] = await start_serve(config, log_level="info", metrics=True, env=env)
         yield started
     finally:
@@ -223,17 +226,14 @@ async def test_the_grpc_service_lists_the_leader_alone_and_follows_a_failover(
         seen[:] = [leader, listed]
         return bool(leader) and listed == [leader]
 
-    # 60 s: once in CI (and once in a dozen runs alone) 30 s did not do. The message names the
-    # holder and what the EndpointSlices listed last, to tell a slow controller from a wrong label.
+    # The message names the holder and what the EndpointSlices listed last.
     try:
-        await wait_until(only_the_leader, 60, "the gRPC Service never listed the leader alone")
+        await wait_until(only_the_leader, 30, "the gRPC Service never listed the leader alone")
     except AssertionError as exc:
-        pods = await asyncio.to_thread(cluster.core().list_namespaced_pod, NAMESPACE)
-        labels = {pod.metadata.name: pod.metadata.labels for pod in pods.items}
-        raise AssertionError(f"{exc}: Lease holder and listed {seen}; Pod labels {labels}") from exc
+        raise AssertionError(f"{exc}: Lease holder and listed {seen}") from exc
     leader = await holder()
     (standby,) = set(replicas) - {leader}
-    replicas[leader].process.kill()  # SIGKILL: the dead leader's Pod keeps its label
+    replicas[leader].process.kill()  # SIGKILL: the slice lists it until the new leader writes
     await replicas[leader].process.wait()
     killed = time.monotonic()
 
@@ -280,8 +280,8 @@ async def test_the_kustomize_base_rolls_out_two_replicas(cluster: Cluster) -> No
 
 
 def _create(api: k8s.ApiClient, doc: dict[str, Any]) -> None:
-    """Create any kind, cert-manager's too; the base's RBAC objects exist already
-    (fixtures/kube.py applied the same file)."""
+    """Create any kind, cert-manager's too; the base's RBAC and leader-route objects exist
+    already (fixtures/kube.py applied the same files)."""
     resource = DynamicClient(api).resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
     with contextlib.suppress(ConflictError):
         resource.create(body=doc, namespace=doc["metadata"].get("namespace"))

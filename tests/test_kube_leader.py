@@ -1,6 +1,7 @@
 """Two replicas, one active, both Ready: real `serve` processes electing a leader over a Lease
-in a real kube-apiserver, with the service account's RBAC from deploy/; the leader labels its
-own Pod for the gRPC Service.
+in a real kube-apiserver, with the service account's RBAC from deploy/; the leader points the
+gRPC Service's EndpointSlice at its own Pod and records its creates in the journal's ConfigMap,
+which the next leader reads.
 
 Lease timings are short (3 s lease, 2 s renew deadline, 0.5 s retry) so takeovers are quick;
 they are config values, the code paths are the production ones.
@@ -24,7 +25,7 @@ import pytest
 import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.emulator import TOKEN, RunningEmulator
-from fixtures.kube import NAMESPACE, NEEDS_KUBE, Kube
+from fixtures.kube import ENDPOINT_SLICE, LEASE, NAMESPACE, NEEDS_KUBE, Kube
 from fixtures.stack import wait_until
 from fixtures.tls import PKI, grpc_channel
 from fixtures.tools import free_port
@@ -37,7 +38,6 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.provider import SERVICE_NAME
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]
-LEASE = "cloudscale-autoscaler"  # the one name deploy/'s Role lets the provider update
 CLUSTER = "ha"
 LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS = 3.0, 2.0, 0.5
 RPC_TIMEOUT = 10.0
@@ -49,6 +49,9 @@ REQUEST_SLACK = 1.0
 # CUT_LEASE_SECONDS, so a leader that served on until its Lease ran out still fails it.
 READY_SLACK = 2.0
 CUT_LEASE_SECONDS = 10.0
+# The cloud client's timeout in the failover test (its creates take 3 s): a create the last
+# leader recorded and no listing showed is counted for twice this (ADOPTED_BOUND_FACTOR).
+CLIENT_TIMEOUT_SECONDS = 4.0
 GROUP = {"name": "workers", "minSize": 0, "maxSize": 10, "flavor": "flex-4-2",
          "image": "debian-12", "zone": "lpg1"}  # fmt: skip
 
@@ -61,19 +64,6 @@ async def read_lease(kube: Kube) -> Any:
     return await asyncio.to_thread(lease_api(kube).read_namespaced_lease, LEASE, NAMESPACE)
 
 
-@pytest.fixture
-async def fresh_lease(kube: Kube) -> AsyncIterator[None]:
-    """No Lease left from another test (they share the apiserver and the Lease name)."""
-
-    def delete() -> None:
-        with contextlib.suppress(k8s.ApiException):
-            lease_api(kube).delete_namespaced_lease(LEASE, NAMESPACE)
-
-    await asyncio.to_thread(delete)
-    yield
-    await asyncio.to_thread(delete)
-
-
 def ha_config(
     tmp_path: Path,
     name: str,
@@ -82,16 +72,18 @@ def ha_config(
     kube: Kube,
     kubeconfig: Path | None = None,
     lease_seconds: float = LEASE_SECONDS,
+    client_timeout: float = 30.0,
 ) -> Path:
     return write_config(
         tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
-        cloudscale={"maxConcurrentCreates": 2},
+        cloudscale={"maxConcurrentCreates": 2, "timeoutSeconds": client_timeout},
         metrics={"listen": f"127.0.0.1:{free_port()}"},
         kubernetes={
             "kubeconfig": str(kubeconfig or kube.provider_kubeconfig),
             "driftInterval": "0s",
             "leaderElection": {
                 "enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
+                "endpointSlice": ENDPOINT_SLICE,
                 "leaseDuration": f"{lease_seconds:g}s", "renewDeadline": f"{RENEW_SECONDS:g}s",
                 "retryPeriod": f"{RETRY_SECONDS * 1000:g}ms",
             },
@@ -104,7 +96,7 @@ Replicas = Callable[..., Awaitable[ServeProcess]]
 
 @pytest.fixture
 async def replicas(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, fresh_lease: None
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, fresh_election: None
 ) -> AsyncIterator[Replicas]:
     """`await replicas("replica-a", leader=True)`: a `serve` process with POD_NAME set, once it
     leads (or, by default, once it competes and is Ready); all are killed when the test ends."""
@@ -116,9 +108,12 @@ async def replicas(
         leader: bool = False,
         kubeconfig: Path | None = None,
         lease_seconds: float = LEASE_SECONDS,
+        client_timeout: float = 30.0,
     ) -> ServeProcess:
-        config = ha_config(tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds)
-        env = {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE}  # the downward API's, in the chart
+        config = ha_config(
+            tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds, client_timeout
+        )
+        env = pod_env(name)
         process = await start_serve(config, log_level="info", metrics=True, env=env)
         started.append(process)
         if leader:
@@ -132,6 +127,13 @@ async def replicas(
     yield start
     for process in started:
         await process.kill()
+
+
+def pod_env(name: str) -> dict[str, str]:
+    """What the chart's downward API tells the replica of Pod `name`."""
+    address = f"10.244.0.{sum(name.encode()) % 250 + 2}"
+    return {"POD_NAME": name, "POD_NAMESPACE": NAMESPACE, "POD_UID": f"uid-{name}",
+            "POD_IP": address}  # fmt: skip
 
 
 async def ready(process: ServeProcess) -> tuple[int, str]:
@@ -190,10 +192,10 @@ def parse_time(value: Any) -> datetime:
 async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     replicas: Replicas, pki: PKI, emulator: RunningEmulator, kube: Kube
 ) -> None:
-    a = await replicas("replica-a", leader=True)
-    b = await replicas("replica-b")
+    a = await replicas("replica-a", leader=True, client_timeout=CLIENT_TIMEOUT_SECONDS)
+    b = await replicas("replica-b", client_timeout=CLIENT_TIMEOUT_SECONDS)
     status, text = await ready(b)
-    # Ready (it could serve), and says why it does not: the Service routes by the Pod label.
+    # Ready (it could serve), and says why it does not: the EndpointSlice routes CA.
     assert status == 200 and "standby" in text and "replica-a" in text, text
     message = await refused(b, pki, "NodeGroups", pb.NodeGroupsRequest())
     assert (
@@ -229,21 +231,30 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     assert LEASE_SECONDS - 0.05 <= waited <= latest, waited
     assert takeover < LEASE_SECONDS + 3 * RETRY_SECONDS + RPC_TIMEOUT, takeover
 
-    # What reached the API finishes; then CA, now served by B, asks for its 4 again.
+    # B counts A's four creates from the journal: the two the API is carrying out, and the two
+    # A never sent. CA, now served by B, has nothing to ask again.
+    await call(b, pki, "Refresh", pb.RefreshRequest())
+    assert await target_of(b, pki) == 4, b.output
+    assert "sent by an earlier process and not listed yet" in b.output
     await emulator.admin.clear_faults()
 
     async def api_idle() -> bool:
         return not (await emulator.admin.in_flight()).get("create_server", 0)
 
     await wait_until(api_idle, 30, "the API is still creating")
-    await call(b, pki, "Refresh", pb.RefreshRequest())
-    target = (await call(b, pki, "NodeGroupTargetSize",
-                         pb.NodeGroupTargetSizeRequest(id="workers"))).targetSize  # fmt: skip
-    servers = await emulator.admin.servers()
-    assert target == len(servers), "the new leader counts every server A created"
-    if target < 4:
-        await call(b, pki, "NodeGroupIncreaseSize",
-                   pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4 - target))  # fmt: skip
+    assert len(await emulator.admin.servers()) == 2
+    # The two A never sent fail once their bound passed; CA deletes them and asks again.
+    await eventually(lambda: _failed_instances(b, pki, 2), 4 * CLIENT_TIMEOUT_SECONDS + 10,
+                     "the creates A never sent were never given up")  # fmt: skip
+    nodes = await call(b, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
+    placeholders = [i for i in nodes.instances if i.status.errorInfo.errorCode]
+    assert {i.status.errorInfo.errorCode for i in placeholders} == {"CREATE_UNCONFIRMED"}
+    gone = [pb.ExternalGrpcNode(providerID=i.id, name=i.id) for i in placeholders]
+    await call(b, pki, "NodeGroupDeleteNodes",
+               pb.NodeGroupDeleteNodesRequest(id="workers", nodes=gone))  # fmt: skip
+    assert await target_of(b, pki) == 2
+    await call(b, pki, "NodeGroupIncreaseSize",
+               pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2))  # fmt: skip
 
     async def four_exist() -> bool:
         return len(await emulator.admin.servers()) == 4 and await api_idle()
@@ -251,16 +262,26 @@ async def test_standby_takes_over_when_the_leader_dies_during_increase_size(
     await wait_until(four_exist, 30, "four servers never existed")
     await call(b, pki, "Refresh", pb.RefreshRequest())
     nodes = await call(b, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
-    final = await call(b, pki, "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id="workers"))
     servers = await emulator.admin.servers()
     assert len(servers) == 4
     assert len({s["uuid"] for s in servers}) == len({s["name"] for s in servers}) == 4
     for server in servers:
         assert server["tags"][TAG_CLUSTER] == CLUSTER and server["tags"][TAG_GROUP] == "workers"
-    assert final.targetSize == 4
+    assert await target_of(b, pki) == 4
     assert sorted(i.id for i in nodes.instances) == sorted(
         f"cloudscale://{s['uuid']}" for s in servers
     )
+
+
+async def target_of(process: ServeProcess, pki: PKI) -> int:
+    request = pb.NodeGroupTargetSizeRequest(id="workers")
+    return int((await call(process, pki, "NodeGroupTargetSize", request)).targetSize)
+
+
+async def _failed_instances(process: ServeProcess, pki: PKI, count: int) -> bool:
+    await call(process, pki, "Refresh", pb.RefreshRequest())
+    nodes = await call(process, pki, "NodeGroupNodes", pb.NodeGroupNodesRequest(id="workers"))
+    return sum(1 for i in nodes.instances if i.status.errorInfo.errorCode) == count
 
 
 LEADER = "ready: leader\n"
@@ -531,89 +552,60 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
     assert "could not renew Lease" in a.output
 
 
-# --- the leader's Pod label, which the gRPC Service selects ---------------------------------
-
-LABEL = "autoscaler.cloudscale.ch/leader"
-PROVIDER_APP = "cloudscale-autoscaler"
+# --- the gRPC Service's EndpointSlice, which the leader points at its own Pod ----------------
 
 
-def core_api(kube: Kube) -> k8s.CoreV1Api:
-    return k8s.CoreV1Api(kube.client())
-
-
-@pytest.fixture
-async def pods(kube: Kube) -> AsyncIterator[Callable[..., Awaitable[None]]]:
-    """`await pods("replica-a", "replica-b")`: Pod objects for the replicas (nothing schedules
-    or runs them: the replicas are the `serve` processes told these names)."""
-    api = core_api(kube)
-    made: list[str] = []
-
-    def create(name: str) -> None:
-        with contextlib.suppress(k8s.ApiException):  # the apiserver alone makes no accounts
-            api.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
-        with contextlib.suppress(k8s.ApiException):
-            api.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-        pod = {
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": PROVIDER_APP}},
-            "spec": {
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "provider", "image": "cloudscale-autoscaler"}],
-            },
-        }
-        api.create_namespaced_pod(NAMESPACE, pod)
-        made.append(name)
-
-    async def make(*names: str) -> None:
-        for name in names:
-            await asyncio.to_thread(create, name)
-
-    yield make
-
-    def delete() -> None:
-        for name in made:
-            with contextlib.suppress(k8s.ApiException):
-                api.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-
-    await asyncio.to_thread(delete)
-
-
-async def labelled(kube: Kube) -> list[str]:
-    """The Pods the gRPC Service selects: those carrying the leader label."""
+async def routed(kube: Kube) -> list[str]:
+    """The Pods the gRPC Service's EndpointSlice lists (what kube-proxy routes CA to)."""
 
     def names() -> list[str]:
-        found = core_api(kube).list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL}=true")
-        return sorted(pod.metadata.name for pod in found.items)
+        api = k8s.DiscoveryV1Api(kube.client())
+        found = api.read_namespaced_endpoint_slice(ENDPOINT_SLICE, NAMESPACE)
+        return [e.target_ref.name for e in found.endpoints or []]
 
     return await asyncio.to_thread(names)
 
 
-async def test_the_leader_labels_its_pod_and_the_label_follows_the_lease(
-    replicas: Replicas, pods: Callable[..., Awaitable[None]], kube: Kube
+async def test_the_leader_routes_the_service_to_its_pod_and_the_route_follows_the_lease(
+    replicas: Replicas, kube: Kube
 ) -> None:
-    await pods("replica-a", "replica-b")
-    # Left on replica-b's Pod by an earlier run of it (a leader killed while leading).
-    await asyncio.to_thread(core_api(kube).patch_namespaced_pod, "replica-b", NAMESPACE,
-                            {"metadata": {"labels": {LABEL: "true"}}})  # fmt: skip
+    # Left by an earlier run of replica-b's Pod (a leader killed while leading).
+    def left() -> None:
+        api = k8s.DiscoveryV1Api(kube.client())
+        body = {"endpoints": [{"addresses": [pod_env("replica-b")["POD_IP"]],
+                               "targetRef": {"kind": "Pod", "namespace": NAMESPACE,
+                                             "name": "replica-b"}}]}  # fmt: skip
+        api.patch_namespaced_endpoint_slice(ENDPOINT_SLICE, NAMESPACE, body)
+
+    await asyncio.to_thread(left)
     a = await replicas("replica-a", leader=True)
     b = await replicas("replica-b")
 
     async def only(name: str) -> bool:
-        return await labelled(kube) == [name]
+        return await routed(kube) == [name]
 
-    await eventually(lambda: only("replica-a"), 10, "the leader's Pod alone is not labelled")
-    # Both Ready: `helm install --wait` and rollouts finish; the label routes CA.
+    await eventually(lambda: only("replica-a"), 10, "the Service does not route to the leader")
+    # Both Ready: `helm install --wait` and rollouts finish; the EndpointSlice routes CA.
     assert await ready(a) == (200, LEADER)
     assert await _stands_by(b)
     await asyncio.sleep(4 * RETRY_SECONDS)
-    assert await labelled(kube) == ["replica-a"], "the standby labelled itself"
+    assert await routed(kube) == ["replica-a"], "the standby routed the Service to itself"
+    address = pod_env("replica-a")["POD_IP"]
 
-    a.process.kill()  # SIGKILL: its label stays on its Pod; the new leader must remove it
+    def endpoint() -> Any:
+        api = k8s.DiscoveryV1Api(kube.client())
+        return api.read_namespaced_endpoint_slice(ENDPOINT_SLICE, NAMESPACE).endpoints[0]
+
+    listed = await asyncio.to_thread(endpoint)
+    assert listed.addresses == [address] and listed.conditions.ready is True
+    assert listed.target_ref.uid == "uid-replica-a"
+
+    a.process.kill()  # SIGKILL: the slice still lists it; the new leader replaces it
     await a.process.wait()
-    await eventually(lambda: only("replica-b"), LEASE_SECONDS + 5, "the label never moved")
+    await eventually(lambda: only("replica-b"), LEASE_SECONDS + 5, "the route never moved")
     assert await _leads(b)
-    assert "removed from pod replica-a" in b.output
 
-    # Shutting down, the leader takes its label off before it releases the Lease.
+    # Shutting down, the leader empties the slice before it releases the Lease.
     assert await b.stop(signal.SIGTERM) == 0, b.output
-    assert await labelled(kube) == []
-    assert b.output.rindex("carries no") < b.output.index("released Lease"), b.output
+    assert await routed(kube) == []
+    assert b.output.rindex("emptied") < b.output.index("released Lease"), b.output

@@ -83,6 +83,7 @@ class KubeApi:
         self._client = api_client
         self._core = k8s.CoreV1Api(api_client)
         self._coordination = k8s.CoordinationV1Api(api_client)
+        self._discovery = k8s.DiscoveryV1Api(api_client)
         self.timeout_seconds = timeout_seconds
         self.host: str = api_client.configuration.host
 
@@ -142,26 +143,44 @@ class KubeApi:
             _request_timeout=limit,
         )
 
-    async def list_pods(self, namespace: str, label_selector: str, limit: float) -> list[Obj]:
-        page = await self._call(
-            self._core.list_namespaced_pod,
-            namespace,
-            label_selector=label_selector,
-            _request_timeout=limit,
-        )
-        return list(page.get("items") or [])
+    async def get_config_map(self, namespace: str, name: str, limit: float) -> Obj | None:
+        try:
+            return await self._call(
+                self._core.read_namespaced_config_map, name, namespace, _request_timeout=limit
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
-    async def label_pod(
-        self, namespace: str, name: str, labels: dict[str, str | None], limit: float
-    ) -> Obj:
-        """Set labels on a Pod (None removes one) with a merge patch: no read, no conflict."""
-        body = {"metadata": {"labels": labels}}
+    async def create_config_map(self, namespace: str, body: Obj, limit: float) -> Obj:
         return await self._call(
-            self._core.patch_namespaced_pod,
+            self._core.create_namespaced_config_map, namespace, body, _request_timeout=limit
+        )
+
+    async def patch_config_map(self, namespace: str, name: str, patch: Obj, limit: float) -> Obj:
+        """A merge patch; one naming metadata.resourceVersion applies only if that is still
+        the object's (409 otherwise)."""
+        return await self._call(
+            self._core.patch_namespaced_config_map,
             name,
             namespace,
-            body,
+            patch,
             _content_type="application/merge-patch+json",
+            _request_timeout=limit,
+        )
+
+    async def patch_endpoint_slice(
+        self, namespace: str, name: str, patch: Obj | list[Obj], limit: float
+    ) -> Obj:
+        """A merge patch (a dict) or a JSON patch (a list of operations, `test` included)."""
+        kind = "merge-patch" if isinstance(patch, dict) else "json-patch"
+        return await self._call(
+            self._discovery.patch_namespaced_endpoint_slice,
+            name,
+            namespace,
+            patch,
+            _content_type=f"application/{kind}+json",
             _request_timeout=limit,
         )
 

@@ -1,11 +1,13 @@
 """A serving provider's connection to its cluster: leader election, drift checks and Events.
 
 Without leader election the drift check runs from the start. With it, the replica holding the
-Lease loads the inventory from the cloud (retrying, not ready, until a listing succeeds), then
-opens the serving gate and starts the drift check; a replica that loses the Lease closes the
-gate at once (the elector does), stops the drift check and drops creations it has not sent yet
-(the new leader counts what exists). Events (kube/recorder.py) are written from the start;
-the recorder itself keeps a standby's out.
+Lease claims the creation journal (a ConfigMap, kube/journal.py) and loads the inventory from
+the cloud (retrying, not ready, until both succeed), then opens the serving gate, points the
+gRPC Service's EndpointSlice at itself (kube/route.py) and starts the drift check; a replica
+that loses the Lease closes the gate at once (the elector does), stops the drift check and
+drops creations it has not sent yet (the journal tells the new leader about those it sent).
+Events (kube/recorder.py) are written from the start; the recorder itself keeps a standby's
+out.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import TypeVar
 from kubernetes import client as k8s
 
 from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.config.types import KubernetesConfig
+from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
+from cloudscale_autoscaler.kube.journal import ConfigMapStore
 from cloudscale_autoscaler.kube.lease import Elector, default_identity
-from cloudscale_autoscaler.kube.podlabel import LeaderLabel
 from cloudscale_autoscaler.kube.recorder import EventRecorder, own_pod
+from cloudscale_autoscaler.kube.route import LeaderRoute, pod_endpoint
 from cloudscale_autoscaler.kube.watch import DriftWatch
 from cloudscale_autoscaler.metrics import Metrics
 from cloudscale_autoscaler.serving import Serving
@@ -110,24 +113,29 @@ class ClusterLink:
         self._drift_task: asyncio.Task[None] | None = None
         self._elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
-        self.label: LeaderLabel | None = None
-        self._label_task: asyncio.Task[None] | None = None
+        self.route: LeaderRoute | None = None
+        self._route_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
         if namespace is not None:
+            identity = default_identity()
             self.serving = Serving(f"{namespace}/{election.lease_name}")
             self._elector = Elector(
                 self._api,
                 election,
                 namespace,
-                default_identity(),
+                identity,
                 self.serving,
                 on_started=self._lead,
                 on_stopped=self._stand_down,
             )
-            self.label = _leader_label(self._api, namespace, election.retry_period_seconds)
-            if self.label is not None:
-                self.serving.subscribe(self.label.want)
+            journal = ConfigMapStore(
+                self._api, namespace, election.journal_name, election.renew_deadline_seconds
+            )
+            engine.use_journal(journal, identity)
+            self.route = _leader_route(self._api, namespace, election, self.serving)
+            if self.route is not None:
+                self.serving.subscribe(self.route.want)
         self.events = EventRecorder(self._api, self.serving, own_pod())
         metrics.registry.register(self.events)
         engine.observer.subscribe(self.events)
@@ -150,8 +158,8 @@ class ClusterLink:
         self._events_task = asyncio.create_task(self.events.run())
         if self._elector is not None:
             self._elector_task = asyncio.create_task(self._elector.run())
-            if self.label is not None:
-                self._label_task = asyncio.create_task(self.label.run())
+            if self.route is not None:
+                self._route_task = asyncio.create_task(self.route.run())
         else:
             self._start_drift()
 
@@ -193,11 +201,11 @@ class ClusterLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._elector_task
             # The Service stops routing here before a standby takes the released Lease.
-            if self._label_task is not None and self.label is not None:
-                self._label_task.cancel()
+            if self._route_task is not None and self.route is not None:
+                self._route_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await self._label_task
-                await self.label.remove()
+                    await self._route_task
+                await self.route.remove()
             await self._elector.release()
         self._stop_drift()
         if self._events_task is not None:
@@ -207,11 +215,25 @@ class ClusterLink:
         await asyncio.to_thread(self._api.close)
 
 
-def _leader_label(api: KubeApi, lease_namespace: str, retry: float) -> LeaderLabel | None:
-    """The label for this replica's own Pod (POD_NAME, POD_NAMESPACE from the downward API;
-    the namespace defaults to the Lease's); None outside a pod."""
-    pod = os.environ.get("POD_NAME")
-    if not pod:
-        log.info("leader label: no POD_NAME (not in a pod): no Pod to label as the leader")
+def _leader_route(
+    api: KubeApi, lease_namespace: str, election: LeaderElectionConfig, serving: Serving
+) -> LeaderRoute | None:
+    """The route to this replica's own Pod (POD_IP, POD_NAME, POD_UID and POD_NAMESPACE from
+    the downward API; the namespace defaults to the Lease's); None without an EndpointSlice
+    to write or outside a pod."""
+    name = election.endpoint_slice
+    if name is None:
         return None
-    return LeaderLabel(api, own_namespace() or lease_namespace, pod, retry)
+    address, pod = os.environ.get("POD_IP"), os.environ.get("POD_NAME")
+    if not address or not pod:
+        log.error(
+            "leader route: kubernetes.leaderElection.endpointSlice is %s but POD_IP or POD_NAME "
+            "is not set (the downward API's status.podIP and metadata.name): the gRPC Service "
+            "cannot reach this replica when it leads",
+            name,
+        )
+        return None
+    namespace = own_namespace() or lease_namespace
+    endpoint = pod_endpoint(address, namespace, pod, os.environ.get("POD_UID", ""))
+    retry = election.retry_period_seconds
+    return LeaderRoute(api, namespace, name, endpoint, retry, lambda: serving.active)

@@ -73,7 +73,7 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- define "cloudscale-autoscaler.config" -}}
 {{- include "cloudscale-autoscaler.checkNodeGroups" . -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" -}}
+{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" "stateDir" "kubernetes.leaderElection (a ConfigMap with it, an emptyDir without)" -}}
 {{- if hasKey $cfg $key -}}
 {{- fail (printf "config.%s is set by the chart (from %s); remove it from config" $key $from) -}}
 {{- end -}}
@@ -95,20 +95,22 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- with .Values.kubernetes -}}
 {{- if .enabled -}}
 {{- $election := dict "enabled" .leaderElection.enabled "leaseName" (include "cloudscale-autoscaler.fullname" $) "namespace" $.Release.Namespace "leaseDuration" .leaderElection.leaseDuration "renewDeadline" .leaderElection.renewDeadline "retryPeriod" .leaderElection.retryPeriod -}}
+{{- if .leaderElection.enabled -}}
+{{- $_ = set $election "endpointSlice" (include "cloudscale-autoscaler.endpointSlice" $) -}}
+{{- $_ = set $election "journalConfigMap" (include "cloudscale-autoscaler.journal" $) -}}
+{{- end -}}
 {{- $_ = set $cfg "kubernetes" (dict "driftInterval" .driftInterval "driftTolerance" .driftTolerance "leaderElection" $election) -}}
 {{- end -}}
+{{- end -}}
+{{- if not (include "cloudscale-autoscaler.elects" .) -}}
+{{- $_ = set $cfg "stateDir" (include "cloudscale-autoscaler.stateDir" .) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
-{{/* Whether the replicas elect a leader (and the leader labels its Pod). */}}
+{{/* Whether the replicas elect a leader (and the leader routes the gRPC Service to itself). */}}
 {{- define "cloudscale-autoscaler.elects" -}}
 {{- if and .Values.kubernetes.enabled .Values.kubernetes.leaderElection.enabled -}}true{{- end -}}
-{{- end -}}
-
-{{/* The label the leader sets on its own Pod; the gRPC Service selects it. */}}
-{{- define "cloudscale-autoscaler.leaderLabel" -}}
-autoscaler.cloudscale.ch/leader: "true"
 {{- end -}}
 
 {{/* More than one replica is safe only when the replicas elect a leader. */}}
@@ -134,4 +136,37 @@ names used once (the provider checks both again at start).
 {{- end -}}
 {{- $_ := set $seen $group.name $i -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The gRPC Service's EndpointSlice, which the leader points at itself. */}}
+{{- define "cloudscale-autoscaler.endpointSlice" -}}
+{{- include "cloudscale-autoscaler.fullname" . -}}
+{{- end -}}
+
+{{/* The ConfigMap holding the creation journal (creates in flight). */}}
+{{- define "cloudscale-autoscaler.journal" -}}
+{{- printf "%s-journal" (include "cloudscale-autoscaler.fullname" .) -}}
+{{- end -}}
+
+{{/* Where the creation journal's file lives without leader election (an emptyDir). */}}
+{{- define "cloudscale-autoscaler.stateDir" -}}/var/lib/cloudscale-autoscaler{{- end -}}
+
+{{/*
+What the provider's account may change in its EndpointSlice: the endpoints, never the labels,
+the owners or the ports; at most one endpoint, a Pod of the slice's namespace. The same rules
+are in deploy/kustomize/base/leader-route.yaml.
+*/}}
+{{- define "cloudscale-autoscaler.routeValidations" -}}
+- expression: object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})
+  message: the provider may not change its EndpointSlice's labels (they name its Service)
+- expression: >-
+    object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
+  message: the provider may not change its EndpointSlice's owners
+- expression: object.?ports.orValue([]) == oldObject.?ports.orValue([])
+  message: the provider may not change its EndpointSlice's ports
+- expression: >-
+    size(object.?endpoints.orValue([])) <= 1 &&
+    object.?endpoints.orValue([]).all(e, has(e.targetRef) && e.targetRef.kind == "Pod" &&
+    e.targetRef.?namespace.orValue("") == object.metadata.namespace)
+  message: the provider's EndpointSlice lists at most one endpoint, a Pod of its own namespace
 {{- end -}}

@@ -50,6 +50,7 @@ cloudscale:
   tokenFile: token
   maxConcurrentCreates: 10
 placeholderExpiry: 15m
+stateDir: state
 nodeGroups:
   - name: workers
     minSize: 0

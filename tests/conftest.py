@@ -7,6 +7,7 @@ import os
 import pytest
 
 pytest_plugins = [
+    "fixtures.tools",  # first: the other plugins import it
     "fixtures.hypothesis_profiles",
     "fixtures.tls",
     "fixtures.emulator",

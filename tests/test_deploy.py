@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import tomllib
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures.tools import HELM, INSTALL_TIMEOUT_SECONDS, KUSTOMIZE, ensure
+from fixtures.tools import INSTALL_TIMEOUT_SECONDS
 from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.certs import mint_dev_pki
@@ -432,21 +431,6 @@ def run(cmd: list[str], *, timeout: float = 120, **kwargs: Any) -> subprocess.Co
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
     )
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    """A helm v3 binary: from PATH, else the cached build, else built now."""
-    return ensure(HELM)
-
-
-@pytest.fixture(scope="session")
-def kustomize() -> list[str]:
-    """The command that builds a kustomization directory given as its last argument."""
-    kubectl = None if shutil.which("kustomize") else shutil.which("kubectl")
-    if kubectl and run([kubectl, "kustomize", "--help"]).returncode == 0:
-        return [kubectl, "kustomize"]
-    return [ensure(KUSTOMIZE), "build"]
 
 
 def kustomize_build(kustomize: list[str], directory: Path) -> list[Doc]:

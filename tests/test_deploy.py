@@ -1465,3 +1465,44 @@ def test_build_context_holds_what_the_package_build_needs() -> None:
     crate = {str(p.relative_to(ROOT)) for p in (ROOT / "rust" / "src").rglob("*.rs")}
     assert crate and crate | {"rust/Cargo.toml", "rust/Cargo.lock"} <= context
     assert not [f for f in context if f.startswith(("tests/", ".venv", ".git/"))]
+
+
+WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection", "*"})
+
+
+def wide_writes(docs: list[Doc]) -> list[str]:
+    """Rules that could change any Pod (a write without resourceNames), and cluster-wide
+    bindings of rules that write Events: what a review of a kube-system install stops at."""
+    bundle = Bundle(docs)
+    found = []
+    for kind in ("Role", "ClusterRole"):
+        for role in bundle.all(kind):
+            for rule in role["rules"]:
+                writes = WRITES & set(rule["verbs"])
+                if (
+                    {"pods", "*"} & set(rule["resources"])
+                    and writes
+                    and not rule.get("resourceNames")
+                ):
+                    found.append(f"{kind} {role['metadata']['name']} writes any Pod: {rule}")
+    for binding in bundle.all("ClusterRoleBinding"):
+        role = bundle.get("ClusterRole", binding["roleRef"]["name"])
+        for rule in role["rules"]:
+            if {"events", "*"} & set(rule["resources"]) and WRITES & set(rule["verbs"]):
+                found.append(f"ClusterRoleBinding {binding['metadata']['name']} writes Events")
+    return found
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize("case", [*HELM_CASES, "two replicas", "kustomize base", "overlay"])
+def test_no_rule_writes_any_pod_or_events_everywhere(
+    helm: str, kustomize: list[str], case: str
+) -> None:
+    if case == "kustomize base":
+        docs = kustomize_build(kustomize, BASE)
+    elif case == "overlay":
+        docs = kustomize_build(kustomize, OVERLAY)
+    else:
+        args, names = HELM_CASES.get(case, (["--set", "replicas=2"], {}))
+        docs = helm_render(helm, *args, **names)
+    assert wide_writes(docs) == []

@@ -5,8 +5,9 @@
   refuses any later write of a replica that held the record before: a leader that lost its
   Lease and wakes up late cannot record (hence cannot send) creates behind the new leader.
 - `persist()` writes the current snapshot (the engine's creates not yet confirmed) and returns
-  once a write that began after the call succeeded: a batch of creates is sent only after it.
-  Concurrent callers share writes.
+  once a write that began after the call succeeded, or at once when our last write already
+  holds that snapshot: a batch of creates is sent only after it. Concurrent callers share
+  writes.
 - `touch()` asks for a write some time soon: a create confirmed, failed or cancelled leaves
   the record stale, which is safe (its request tag is listed, or the entry waits out its
   bound) but not tidy.

@@ -1,0 +1,171 @@
+"""The creation journal's record format (a table of what can be read and what not) and its
+writer over the file store: claiming, writing before the creates go out, coalescing, and a
+record that another writer took.
+
+The journal's effect on a running provider (restarts, CA) is tested in
+tests/test_journal_restart.py, tests/test_kube_leader.py and tests/test_ca_real.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from cloudscale_autoscaler.journal.entries import Entry, decode, encode
+from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore
+from cloudscale_autoscaler.journal.store import Conflict, JournalError, Stored
+from cloudscale_autoscaler.journal.writer import Journal
+
+CLUSTER = "prod"
+ONE = Entry("9f2c0000aabbccdd", "workers", "prod-workers-ab12cd34", "2026-11-27T10:00:00Z")
+GOOD = {"request": "9f2c0000aabbccdd", "group": "workers", "name": "prod-workers-ab12cd34",
+        "at": "2026-11-27T10:00:00Z"}  # fmt: skip
+
+
+def record(**fields: object) -> str:
+    body = {"format": 1, "cluster": CLUSTER, "holder": "pod-a", "creations": [GOOD], **fields}
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize(
+    ("text", "entries", "problem"),
+    [
+        (record(), [ONE], None),
+        (record(creations=[]), [], None),
+        (record()[:-30], [], "not JSON"),
+        ("", [], "not JSON"),
+        ("[1, 2]", [], "expected a JSON object, got list"),
+        (record(format=2), [], "format 2 is not 1"),
+        (record(cluster="staging"), [], "written for cluster 'staging', not 'prod': foreign"),
+        (record(creations={"a": 1}), [], "`creations` is not a list"),
+        (record(creations=[GOOD, {**GOOD, "group": 3}]), [ONE], "creations[1]: expected"),
+        (record(creations=[{**GOOD, "at": ""}, GOOD]), [ONE], "creations[0]: expected"),
+        (record(creations=["x"]), [], "creations[0]: expected"),
+    ],
+    ids=["one", "empty", "truncated", "blank", "list", "format", "foreign", "not-a-list",
+         "bad-type", "empty-field", "not-a-mapping"],
+)  # fmt: skip
+def test_decode(text: str, entries: list[Entry], problem: str | None) -> None:
+    decoded = decode(text, CLUSTER)
+    assert decoded.entries == entries
+    if problem is None:
+        assert decoded.problems == []
+        assert decoded.holder == "pod-a"
+    else:
+        assert len(decoded.problems) == 1 and problem in decoded.problems[0], decoded.problems
+
+
+def test_encode_is_what_decode_reads() -> None:
+    text = encode(CLUSTER, "pod-b", [ONE, ONE])
+    decoded = decode(text, CLUSTER)
+    assert (decoded.holder, decoded.entries, decoded.problems) == ("pod-b", [ONE, ONE], [])
+
+
+class Counting(FileStore):
+    """The file store, counting its writes."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.writes = 0
+
+    async def write(self, text: str, version: str | None) -> str | None:
+        self.writes += 1
+        return await super().write(text, version)
+
+
+async def test_a_claim_reads_what_the_last_holder_left_and_makes_the_record_ours(
+    tmp_path: Path,
+) -> None:
+    first = Journal(FileStore(tmp_path), CLUSTER, "pid 1", lambda: [ONE])
+    assert await first.claim() == []  # no record yet: nothing left
+    await first.persist()
+    second = Journal(FileStore(tmp_path), CLUSTER, "pid 2", list)
+    assert await second.claim() == [ONE]
+    decoded = decode((tmp_path / FILE_NAME).read_text(), CLUSTER)
+    # Kept until the next holder's snapshot no longer lists it: a third process still sees it.
+    assert (decoded.holder, decoded.entries) == ("pid 2", [ONE])
+
+
+async def test_a_bad_record_is_logged_and_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / FILE_NAME).write_text('{"format":1,"cluster":"prod","creations":[{"requ')
+    journal = Journal(FileStore(tmp_path), CLUSTER, "pid 1", list)
+    assert await journal.claim() == []
+    [line] = [r.getMessage() for r in caplog.records if "creation journal" in r.getMessage()]
+    assert str(tmp_path / FILE_NAME) in line and "not JSON" in line
+    assert decode((tmp_path / FILE_NAME).read_text(), CLUSTER).problems == []
+
+
+async def test_persist_writes_what_is_in_flight_and_concurrent_callers_share_writes(
+    tmp_path: Path,
+) -> None:
+    in_flight: list[Entry] = []
+    store = Counting(tmp_path)
+    journal = Journal(store, CLUSTER, "pid 1", lambda: list(in_flight))
+    await journal.claim()
+    claimed = store.writes
+    in_flight.append(ONE)
+    await asyncio.gather(*(journal.persist() for _ in range(20)))
+    assert decode((tmp_path / FILE_NAME).read_text(), CLUSTER).entries == [ONE]
+    assert store.writes - claimed <= 2, "20 batches at once share their writes"
+    in_flight.clear()
+    journal.touch()  # a create confirmed: written a little later, with others
+    await asyncio.sleep(1.0)
+    assert decode((tmp_path / FILE_NAME).read_text(), CLUSTER).entries == []
+    await journal.aclose()
+
+
+async def test_nothing_is_written_before_a_claim(tmp_path: Path) -> None:
+    journal = Journal(FileStore(tmp_path), CLUSTER, "pid 1", lambda: [ONE])
+    with pytest.raises(JournalError, match="not claimed"):
+        await journal.persist()
+    assert not (tmp_path / FILE_NAME).exists()
+
+
+class Versioned:
+    """A store that compares versions, as the ConfigMap store does (tests/test_kube_journal.py
+    runs the real one against a kube-apiserver)."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.version = 0
+        self.where = "memory"
+
+    async def read(self) -> Stored:
+        return Stored(self.text, str(self.version))
+
+    async def write(self, text: str, version: str | None) -> str | None:
+        if version != str(self.version):
+            raise Conflict("changed")
+        self.text, self.version = text, self.version + 1
+        return str(self.version)
+
+
+async def test_a_replica_whose_record_was_taken_records_nothing_more() -> None:
+    """Its next batch is refused (so never sent); what it recorded before, the new holder read."""
+    store = Versioned()
+    in_flight = [ONE]
+    old = Journal(store, CLUSTER, "pod-a", lambda: list(in_flight))
+    await old.claim()
+    await old.persist()
+    new = Journal(store, CLUSTER, "pod-b", list)
+    assert await new.claim() == [ONE]
+    in_flight.append(Entry("77770000aabbccdd", "workers", "prod-workers-zz", ONE.at))
+    with pytest.raises(JournalError, match="now held by pod-b"):
+        await old.persist()
+    assert not old.claimed
+    assert decode(store.text or "", CLUSTER).holder == "pod-b"
+
+
+async def test_a_conflict_with_our_own_record_is_written_over() -> None:
+    """An edit by hand (or our own write whose answer was lost) leaves the record ours."""
+    store = Versioned()
+    journal = Journal(store, CLUSTER, "pod-a", lambda: [ONE])
+    await journal.claim()
+    store.version += 1  # someone else's write; the holder is still pod-a
+    await journal.persist()
+    assert decode(store.text or "", CLUSTER).entries == [ONE]

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from cloudscale_autoscaler.config import Config, NodeGroupConfig
+from cloudscale_autoscaler.config.advice import JOURNAL_WARNING, config_warnings
+from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore
 from cloudscale_autoscaler.journal.store import Conflict, JournalError, Stored
@@ -169,3 +172,22 @@ async def test_a_conflict_with_our_own_record_is_written_over() -> None:
     store.version += 1  # someone else's write; the holder is still pod-a
     await journal.persist()
     assert decode(store.text or "", CLUSTER).entries == [ONE]
+
+
+@pytest.mark.parametrize(
+    ("fields", "warned"),
+    [
+        ({}, True),
+        ({"state_dir": Path("/var/lib/cloudscale-autoscaler")}, False),
+        ({"kubernetes": KubernetesConfig(leader_election=LeaderElectionConfig(enabled=True))},
+         False),
+        ({"kubernetes": KubernetesConfig()}, True),  # no election: the file is the journal
+    ],
+    ids=["neither", "state-dir", "leader-election", "kubernetes-alone"],
+)  # fmt: skip
+def test_a_config_without_a_journal_is_warned_about(
+    fields: dict[str, object], warned: bool
+) -> None:
+    group = NodeGroupConfig("workers", 0, 3, "flex-4-2", "debian-12")
+    config = Config(cluster=CLUSTER, node_groups=(group,), **fields)  # type: ignore[arg-type]
+    assert (JOURNAL_WARNING in config_warnings(config)) is warned

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -277,7 +278,8 @@ async def test_no_gpu_server_is_labelled_unknown_while_flavors_cannot_be_read(
 def test_check_config_warns_when_labels_cannot_reach_nodes(
     group_: NodeGroupConfig, expected: list[str]
 ) -> None:
-    warnings = config_warnings(Config(cluster="c", node_groups=(group_,)))
+    config = Config(cluster="c", node_groups=(group_,), state_dir=Path("/var/lib/x"))
+    warnings = config_warnings(config)
     assert len(warnings) == len(expected)
     for warning, part in zip(warnings, expected, strict=True):
         assert warning.startswith("nodeGroups[0] (g): ") and part in warning, warning

@@ -14,6 +14,7 @@ pytest_plugins = [
     "fixtures.stack",
     "fixtures.kube",
     "fixtures.image",
+    "fixtures.node",
 ]
 
 # The two longest modules start first, one on each of the two workers (pyproject.toml's

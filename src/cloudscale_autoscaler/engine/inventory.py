@@ -161,7 +161,8 @@ class Inventory:
     async def _adopt_journal(self) -> None:
         assert self.journal is not None
         entries = await self.journal.claim()
-        expires = self._clock() + ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds
+        expires = self._clock() + self._adopted_bound
+        listed = {name: group.listed_requests() for name, group in self.groups.items()}
         adopted: dict[str, int] = {}
         for entry in entries:
             group = self.groups.get(entry.group)
@@ -175,7 +176,7 @@ class Inventory:
                 )
                 continue
             known = group.creations.keys() | group.placeholders.keys()
-            if entry.request in known or entry.request in group.listed_requests():
+            if entry.request in known or entry.request in listed[group.name]:
                 continue
             group.adopt(entry.request, entry.name, entry.at, expires)
             adopted[group.name] = adopted.get(group.name, 0) + 1
@@ -186,8 +187,12 @@ class Inventory:
                 self.journal.where,
                 count,
                 name,
-                expires - self._clock(),
+                self._adopted_bound,
             )
+
+    @property
+    def _adopted_bound(self) -> float:
+        return ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds
 
     def use_journal(self, store: JournalStore, holder: str) -> None:
         """Record creates in `store` from now on; before the first listing."""
@@ -331,8 +336,7 @@ class Inventory:
         or the API refused it. A failed placeholder, so CA deletes it and plans again."""
         message = (
             f"create {creation.request_id} ({creation.name}), recorded {creation.recorded_at} by "
-            f"an earlier process, was not listed within "
-            f"{ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds:g}s: taken for "
+            f"an earlier process, was not listed within {self._adopted_bound:g}s: taken for "
             "never made"
         )
         log.warning("group %s: %s", group.name, message)

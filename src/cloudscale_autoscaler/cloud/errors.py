@@ -57,3 +57,23 @@ class UnavailableError(CloudError):
     """5xx, connection errors and timeouts once retries are exhausted."""
 
     code = "CLOUD_UNAVAILABLE"
+
+
+class ServerGroupFullError(CloudError):
+    """The server group named in a create already holds the most servers it may."""
+
+    code = "SERVER_GROUP_FULL"
+
+
+class ServerGroupGoneError(CloudError):
+    """The server group named in a create does not exist (deleted behind our back)."""
+
+    code = "SERVER_GROUP_NOT_FOUND"
+
+
+class HostShortageError(CloudError):
+    """No host is left that keeps the new server apart from its server group's members: the
+    zone is out of room for this group, as for capacity."""
+
+    code = "NO_DISTINCT_HOST"
+    out_of_resources = True

@@ -16,6 +16,9 @@ TAG_REQUEST = "k8s-autoscaler-request"
 # Put on a server (value: the UTC time of the request) before it is deleted, so a deletion that
 # a crash interrupted is found, and finished, from the listing alone.
 TAG_DELETION = "k8s-autoscaler-deletion-requested"
+# On an anti-affinity server group the provider created for a node group (with the cluster and
+# group tags): only such server groups are ever deleted.
+TAG_MANAGED = "k8s-autoscaler-managed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,17 @@ class Image:
 class Region:
     slug: str
     zones: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerGroup:
+    """An anti-affinity server group: it lives in one zone; its members run on distinct hosts."""
+
+    uuid: str
+    name: str
+    zone: str = ""
+    servers: tuple[str, ...] = ()  # member server uuids
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from cloudscale_autoscaler.cloud.models import (
     Network,
     Region,
     Server,
+    ServerGroup,
     ServerSpec,
     Subnet,
 )
@@ -31,6 +32,19 @@ class Cloud(Protocol):
 
     async def delete_server(self, uuid: str) -> None:
         """Delete a server; an unknown uuid (404) counts as already gone."""
+        ...
+
+    async def list_server_groups(self, cluster: str) -> list[ServerGroup]:
+        """Server groups tagged k8s-cluster=<cluster> (filtered server-side, checked
+        client-side), with their members."""
+        ...
+
+    async def create_server_group(self, name: str, zone: str, tags: dict[str, str]) -> ServerGroup:
+        """Create an anti-affinity server group in `zone` carrying `tags`."""
+        ...
+
+    async def delete_server_group(self, uuid: str) -> None:
+        """Delete a server group; an unknown uuid (404) counts as already gone."""
         ...
 
     async def list_flavors(self) -> list[Flavor]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.config.types import NetworkInterface
+from cloudscale_autoscaler.config.types import NetworkInterface, with_entries
 from cloudscale_autoscaler.config.values import uuid_error
 from cloudscale_autoscaler.engine.networks import by_name, needs_lookup
 
@@ -71,7 +71,7 @@ def interface_errors(
 ) -> list[str]:
     by_uuid = {subnet.uuid.lower(): subnet for subnet in subnets}
     errors: list[str] = []
-    for index, group in enumerate(groups):
+    for index, group in with_entries(tuple(groups)):
         for position, interface in enumerate(group.interfaces or ()):
             if interface.public:
                 continue
@@ -120,7 +120,7 @@ def catalogue_errors(
     by_image = {image.slug: image for image in images}
     zones = sorted({zone for region in regions for zone in region.zones})
     errors: list[str] = []
-    for index, group in enumerate(groups):
+    for index, group in with_entries(tuple(groups)):
         at = f"nodeGroups[{index}]"
         flavor = by_flavor.get(group.flavor)
         if flavor is None:

@@ -113,6 +113,8 @@ def group_line(group: NodeGroupConfig, pricing: PricingConfig | None = None) -> 
         f"{_count(len(group.taints), 'taint')}, "
         f"options: {'yes' if group.autoscaling_options is not None else 'no'}, "
         f"interfaces: {interfaces_text(group)}"
+        + (", managed anti-affinity" if group.anti_affinity else "")
+        + (f", pool {group.pool}" if group.pool is not None else "")
         + (f", price {price_text(pricing, group)}" if pricing is not None else "")
     )
 

@@ -5,13 +5,15 @@ Printed by `check-config` and logged by `serve` at start; never a reason to refu
 
 from __future__ import annotations
 
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
+from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, with_entries
 from cloudscale_autoscaler.engine.userdata import UserDataError, placeholders_in
 from cloudscale_autoscaler.template.slug import flavor_from_slug
 
 
 def config_warnings(config: Config) -> list[str]:
-    warnings = [w for i, g in enumerate(config.node_groups) for w in _placeholder_warnings(i, g)]
+    # One entry's zones share its user data and labels: warned about once, for the entry.
+    entries = dict(reversed(with_entries(config.node_groups)))
+    warnings = [w for i, g in sorted(entries.items()) for w in _placeholder_warnings(i, g)]
     options = [g.name for g in config.node_groups if g.autoscaling_options is not None]
     if options:
         warnings.append(options_warning(options))
@@ -45,15 +47,16 @@ def _placeholder_warnings(index: int, group: NodeGroupConfig) -> list[str]:
         return []  # the loader reports malformed user data as an error already
     flavor = flavor_from_slug(group.flavor)
     gpu = flavor is not None and flavor.gpu is not None
-    at = f"nodeGroups[{index}] ({group.name})"
+    at = f"nodeGroups[{index}] ({group.pool or group.name})"
     where = "its userData does not use" if group.user_data is not None else "it has no userData for"
     warnings = []
-    if (group.labels or gpu) and "node_labels" not in used:
-        what = " and ".join(
-            part
-            for part, present in (("labels", bool(group.labels)), ("a GPU flavor", gpu))
-            if present
+    if (group.labels or gpu or group.pool) and "node_labels" not in used:
+        reasons = (
+            ("labels", bool(group.labels)),
+            ("a GPU flavor", gpu),
+            ("zones (the pool label)", group.pool is not None),
         )
+        what = " and ".join(part for part, present in reasons if present)
         warnings.append(
             f"{at}: has {what} but {where} ${{node_labels}}: real nodes will lack labels the "
             "template promises (pass --node-labels=${node_labels} to the kubelet)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +30,11 @@ GROUP_KEYS = (
     "flavor",
     "image",
     "zone",
+    "zones",
     "volumeSizeGB",
     "sshKeys",
     "serverGroups",
+    "antiAffinity",
     "usePublicNetwork",
     "usePrivateNetwork",
     "useIPv6",
@@ -69,14 +72,43 @@ T = TypeVar("T")
 DEFAULTS = NodeGroupConfig
 
 
-def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
+def parse_group(fields: Fields, base_dir: Path) -> list[NodeGroupConfig]:
+    """The node groups of one `nodeGroups` entry: itself, or with `zones` one per zone, named
+    `<name>-<zone>`, each with the entry's sizes."""
+    zones = _zones(fields)
+    if not zones:
+        return [_parse_one(fields, base_dir, fields.string("zone"))]
+    return [
+        replace(group, name=f"{group.name}-{zone}", pool=group.name)
+        for zone in zones
+        if (group := _parse_one(fields, base_dir, zone))
+    ]
+
+
+def _zones(fields: Fields) -> tuple[str, ...]:
+    if not fields.present("zones"):
+        return ()
+    at = fields.at("zones")
+    zones = fields.strings("zones")
+    if fields.present("zone"):
+        fields.issues.add(at, "zone and zones exclude each other: give one zone, or a list")
+    elif fields.raw("zones") == []:
+        fields.issues.add(at, "must list at least one zone")
+    for index, zone in enumerate(zones):
+        if zone in zones[:index]:
+            fields.issues.add(item(at, index), f'"{zone}" is listed twice')
+        else:
+            fields.issues.check(item(at, index), dns_label_error(zone))
+    return tuple(dict.fromkeys(zones))
+
+
+def _parse_one(fields: Fields, base_dir: Path, zone: str | None) -> NodeGroupConfig:
     name = fields.string("name", required=True)
     if name is not None:
         fields.issues.check(fields.at("name"), dns_label_error(name))
     min_size, max_size = _sizes(fields)
     flavor = fields.string("flavor", required=True) or ""
     image = fields.string("image", required=True) or ""
-    zone = fields.string("zone")
     return NodeGroupConfig(
         name=name or "",
         min_size=min_size,
@@ -90,6 +122,7 @@ def parse_group(fields: Fields, base_dir: Path) -> NodeGroupConfig:
         ),
         ssh_keys=fields.strings("sshKeys"),
         server_groups=_server_groups(fields),
+        anti_affinity=_anti_affinity(fields),
         use_public_network=_or(fields.boolean("usePublicNetwork"), DEFAULTS.use_public_network),
         use_private_network=_or(fields.boolean("usePrivateNetwork"), DEFAULTS.use_private_network),
         use_ipv6=_or(fields.boolean("useIPv6"), DEFAULTS.use_ipv6),
@@ -120,6 +153,17 @@ def _server_groups(fields: Fields) -> tuple[str, ...]:
     for index, value in enumerate(uuids):
         fields.issues.check(item(fields.at("serverGroups"), index), uuid_error(value))
     return uuids
+
+
+def _anti_affinity(fields: Fields) -> bool:
+    managed = fields.boolean("antiAffinity") or False
+    if managed and fields.present("serverGroups"):
+        fields.issues.add(
+            fields.at("antiAffinity"),
+            "antiAffinity and serverGroups exclude each other: with antiAffinity the provider "
+            "makes and fills the server groups itself; with serverGroups you name your own",
+        )
+    return managed
 
 
 def _user_data(fields: Fields, base_dir: Path) -> str | None:

@@ -329,19 +329,28 @@ def _groups(top: Fields, cluster: str | None, base_dir: Path) -> tuple[NodeGroup
             top.issues.add(path, f"expected a mapping, got {describe(entry)}")
             continue
         fields = Fields(top.issues, path, entry, GROUP_KEYS)
-        group = parse_group(fields, base_dir)
-        groups.append(group)
-        if not group.name:
-            continue
-        if group.name in first_index:
-            top.issues.add(
-                fields.at("name"),
-                f'duplicate of nodeGroups[{first_index[group.name]}].name "{group.name}"',
-            )
-        else:
-            first_index[group.name] = index
-        _check_server_name_length(fields, cluster, group.name)
+        for group in parse_group(fields, base_dir):
+            groups.append(group)
+            _check_name(fields, group, index, first_index)
+            _check_server_name_length(fields, cluster, group.name)
     return tuple(groups)
+
+
+def _check_name(
+    fields: Fields, group: NodeGroupConfig, index: int, first_index: dict[str, int]
+) -> None:
+    """Each group name once, fanned-out ones (`<name>-<zone>`) included."""
+    if not group.name or dns_label_error(group.name) is not None:
+        return
+    first = first_index.setdefault(group.name, index)
+    if first == index:
+        return  # its first use (a zone listed twice is reported by the entry itself)
+    if group.pool is None:
+        reason = f'duplicate of nodeGroups[{first}].name "{group.name}"'
+        fields.issues.add(fields.at("name"), reason)
+    else:
+        reason = f'makes node group "{group.name}", a name nodeGroups[{first}] uses too'
+        fields.issues.add(fields.at("zones"), reason)
 
 
 def _check_server_name_length(fields: Fields, cluster: str | None, group: str) -> None:

@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cloudscale_autoscaler.config.reader import Fields, child, describe, is_number, item
-from cloudscale_autoscaler.config.types import NodeGroupConfig, PricingConfig
+from cloudscale_autoscaler.config.types import NodeGroupConfig, PricingConfig, with_entries
 
 PRICING_KEYS = ("currency", "flavorsPerHour", "volumePerGBHour")
 _CURRENCY = re.compile(r"[A-Z]{3}")
@@ -93,7 +93,7 @@ def check_group_prices(
     given = section.get("flavorsPerHour") if isinstance(section, dict) else None
     if pricing is None or not isinstance(given, dict):
         return  # no pricing, or a section already reported as malformed
-    for index, group in enumerate(groups):
+    for index, group in with_entries(tuple(groups)):
         if group.flavor and group.flavor not in given:
             top.issues.add(
                 child("pricing.flavorsPerHour", group.flavor),

@@ -68,7 +68,10 @@ class Issues:
         self.errors: list[str] = []
 
     def add(self, path: str, reason: str) -> None:
-        self.errors.append(f"{path}: {reason}" if path else reason)
+        """Each line once: a `zones` entry is read once per zone."""
+        line = f"{path}: {reason}" if path else reason
+        if line not in self.errors:
+            self.errors.append(line)
 
     def check(self, path: str, reason: str | None) -> bool:
         """Record `reason` if there is one; True when the value was fine."""

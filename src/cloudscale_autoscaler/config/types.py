@@ -173,6 +173,11 @@ class NodeGroupConfig:
     volume_size_gb: int = 10
     ssh_keys: tuple[str, ...] = ()
     server_groups: tuple[str, ...] = ()  # server group UUIDs
+    # The provider keeps the group's servers in anti-affinity server groups it creates itself.
+    anti_affinity: bool = False
+    # The `name` of the config entry this group was fanned out from by `zones` (this group is
+    # `<pool>-<zone>`); its templates carry it as a label, so CA can balance the zones.
+    pool: str | None = None
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
@@ -186,6 +191,20 @@ class NodeGroupConfig:
     taints: tuple[Taint, ...] = ()
     kubelet: KubeletConfig = KubeletConfig()
     autoscaling_options: AutoscalingOptions | None = None
+
+
+def with_entries(groups: tuple[NodeGroupConfig, ...]) -> list[tuple[int, NodeGroupConfig]]:
+    """Each group with the index of the `nodeGroups` entry it came from, for config paths:
+    the groups one entry fanned out by `zones` come one after the other, with its name as
+    their `pool`."""
+    indexed: list[tuple[int, NodeGroupConfig]] = []
+    entry, previous = -1, None
+    for group in groups:
+        if group.pool is None or previous is None or previous.pool != group.pool:
+            entry += 1
+        indexed.append((entry, group))
+        previous = group
+    return indexed
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import with_entries
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import EngineError
 from cloudscale_autoscaler.kube.drift import (
@@ -89,7 +90,7 @@ async def check(
 ) -> DriftReport:
     grouped = nodes_by_group(engine, nodes)
     reports = []
-    for index, group in enumerate(config.node_groups):
+    for index, group in with_entries(config.node_groups):
         report = GroupReport(group.name)
         reports.append(report)
         members = grouped.get(group.name, [])

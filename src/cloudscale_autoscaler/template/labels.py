@@ -11,8 +11,8 @@ there one of three ways:
   InstanceType = flavor slug, Zone = zone slug, Region = zone slug without trailing digits),
   which Kubernetes' node controller writes as node.kubernetes.io/instance-type and
   topology.kubernetes.io/zone / region;
-- everything else (the GPU label, the group's labels) must be passed to the kubelet:
-  `${node_labels}` in userData.
+- everything else (the GPU label, the pool label of a group fanned out by `zones`, the
+  group's labels) must be passed to the kubelet: `${node_labels}` in userData.
 
 A group label on a key the kubelet or the CCM sets may only repeat their value (label_error),
 so the three sources never disagree; and the kubelet refuses most keys in the kubernetes.io
@@ -38,6 +38,9 @@ LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_REGION = "topology.kubernetes.io/region"
+# On every node of a group fanned out by `zones`, with the entry's name: the same in every
+# zone, so CA's --balancing-label can tell the zones' groups are one pool.
+LABEL_POOL = "autoscaler.cloudscale.ch/pool"
 # The deprecated keys the CCM's node controller still writes next to the GA ones.
 _BETA_INSTANCE_TYPE = "beta.kubernetes.io/instance-type"
 _BETA_ZONE = "failure-domain.beta.kubernetes.io/zone"
@@ -119,6 +122,8 @@ def label_sources(group: NodeGroupConfig, flavor: Flavor, gpu_label: str) -> Lab
         ccm[LABEL_ZONE] = group.zone
         ccm[LABEL_REGION] = region_of(group.zone)
     wanted: dict[str, str] = {}
+    if group.pool is not None:
+        wanted[LABEL_POOL] = group.pool
     if flavor.gpu is not None and flavor.gpu.count > 0:
         wanted[gpu_label] = gpu_label_value(flavor.gpu.name)
     wanted.update(group.labels)  # explicit configuration wins

@@ -1,0 +1,85 @@
+"""`zones` (one node group per zone, named `<name>-<zone>`) and `antiAffinity` in the config:
+what they make, and each misuse refused with its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_config import ENV, base_doc, errors_of, write
+
+from cloudscale_autoscaler.config import load_config
+from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.template.labels import LABEL_POOL
+
+
+def with_group(**fields: Any) -> dict[str, Any]:
+    doc = base_doc()
+    doc["nodeGroups"][0].update(fields)
+    return doc
+
+
+def test_zones_fan_a_group_out_into_one_group_per_zone(tmp_path: Path) -> None:
+    doc = with_group(zones=["lpg1", "rma1"], minSize=1, maxSize=4, labels={"role": "web"},
+                     antiAffinity=True)  # fmt: skip
+    config = load_config(write(tmp_path, doc), env=ENV)
+    assert [(g.name, g.zone, g.pool) for g in config.node_groups] == [
+        ("workers-lpg1", "lpg1", "workers"),
+        ("workers-rma1", "rma1", "workers"),
+    ]
+    for group in config.node_groups:  # each zone's group gets the entry's sizes and settings
+        assert (group.min_size, group.max_size, group.labels) == (1, 4, (("role", "web"),))
+        assert group.anti_affinity is True
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"zone": "lpg1", "zones": ["rma1"]},
+         ["nodeGroups[0].zones: zone and zones exclude each other: give one zone, or a list"]),
+        ({"zones": []}, ["nodeGroups[0].zones: must list at least one zone"]),
+        ({"zones": ["lpg1", "lpg1"]}, ['nodeGroups[0].zones[1]: "lpg1" is listed twice']),
+        ({"zones": ["LPG1"]}, ["nodeGroups[0].zones[0]: invalid name \"LPG1\": expected a "
+                               "DNS-1123 label (lowercase letters, digits and '-', starting "
+                               "and ending with a letter or digit)"]),
+        ({"zones": "lpg1"}, ['nodeGroups[0].zones: expected a list, got string "lpg1"']),
+        ({"antiAffinity": True, "serverGroups": ["5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e01"]},
+         ["nodeGroups[0].antiAffinity: antiAffinity and serverGroups exclude each other: with "
+          "antiAffinity the provider makes and fills the server groups itself; with "
+          "serverGroups you name your own"]),
+        ({"antiAffinity": "yes"}, ['nodeGroups[0].antiAffinity: expected true or false, got '
+                                   'string "yes"']),
+        # One error per entry, not one per zone.
+        ({"zones": ["lpg1", "rma1"], "minSize": -1},
+         ["nodeGroups[0].minSize: must be >= 0, got -1"]),
+    ],
+    ids=["zone-and-zones", "empty", "twice", "not-a-label", "not-a-list", "with-server-groups",
+         "not-a-boolean", "errors-once"],
+)  # fmt: skip
+def test_misuse_is_refused_with_its_path(
+    tmp_path: Path, fields: dict[str, Any], expected: list[str]
+) -> None:
+    assert errors_of(write(tmp_path, with_group(**fields))) == expected
+
+
+def test_a_fanned_out_name_may_not_repeat_another_groups(tmp_path: Path) -> None:
+    doc = with_group(zones=["lpg1", "rma1"])
+    doc["nodeGroups"].append({**doc["nodeGroups"][0], "name": "workers-rma1", "zones": None})
+    del doc["nodeGroups"][1]["zones"]
+    doc["nodeGroups"].reverse()
+    assert errors_of(write(tmp_path, doc)) == [
+        'nodeGroups[1].zones: makes node group "workers-rma1", a name nodeGroups[0] uses too'
+    ]
+
+
+def test_the_pool_label_needs_node_labels_in_the_user_data(tmp_path: Path) -> None:
+    """The templates promise the pool label (CA's --balancing-label reads it): the kubelet
+    must set it, warned about once for the entry, naming the entry."""
+    config = load_config(write(tmp_path, with_group(zones=["lpg1", "rma1"])), env=ENV)
+    assert [w for w in config_warnings(config) if "node_labels" in w] == [
+        "nodeGroups[0] (workers): has zones (the pool label) but it has no userData for "
+        "${node_labels}: real nodes will lack labels the template promises (pass "
+        "--node-labels=${node_labels} to the kubelet)"
+    ]
+    assert LABEL_POOL == "autoscaler.cloudscale.ch/pool"

@@ -246,7 +246,7 @@ def test_table_rows_per_group_then_placeholders_then_lines() -> None:
     doc["at_unix"] = now
     lines = command.render_table(doc).splitlines()
     assert cells(lines[0]) == list(command.GROUP_HEADER)
-    assert cells(lines[1]) == ["g", "1", "10", "3", "2", "0", "0", "0", "0", "0", "1", "-",
+    assert cells(lines[1]) == ["g", "1", "10", "3", "2", "0", "0", "0", "0", "0", "1", "0", "-",
                                "0s ago (2x)"]  # fmt: skip
     assert lines[2] == ""
     assert cells(lines[3]) == list(command.PLACEHOLDER_HEADER)

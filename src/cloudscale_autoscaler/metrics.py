@@ -40,6 +40,8 @@ class GroupStats:
     creations_in_flight: int
     placeholders: int
     servers_above_max_size: int
+    # Anti-affinity server groups the provider manages for the group (antiAffinity).
+    server_groups: int
 
 
 class _GroupCollector(Collector):
@@ -60,6 +62,11 @@ class _GroupCollector(Collector):
                     "servers_above_max_size",
                     "Listed servers beyond maxSize: another provider creates servers for the "
                     "cluster (or maxSize was lowered).",
+                ),
+                (
+                    "server_groups",
+                    "Anti-affinity server groups the provider manages for the node group "
+                    "(antiAffinity), listed or being created.",
                 ),
             )
         }

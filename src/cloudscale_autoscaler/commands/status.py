@@ -25,7 +25,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 
 GROUP_HEADER = ("GROUP", "MIN", "MAX", "TARGET", "RUNNING", "CREATING", "DELETING", "ERROR",
-                "SENT", "QUEUED", "PLACEHOLDERS", "LAST INCREASE", "LAST DELETE")  # fmt: skip
+                "SENT", "QUEUED", "PLACEHOLDERS", "SERVER GROUPS", "LAST INCREASE",
+                "LAST DELETE")  # fmt: skip
 PLACEHOLDER_HEADER = ("GROUP", "PLACEHOLDER", "CLASS", "CODE", "AGE", "EXPIRES IN", "ERROR")
 EXPECTED_URL = "http://HOST:PORT/status"
 
@@ -132,6 +133,7 @@ def _group_row(group: dict[str, Any], now: float) -> tuple[str, ...]:
         group["creations_in_flight"],
         group["creations_queued"],
         len(group["placeholders"]),
+        group["server_groups"],
     )
     return (
         str(group["name"]),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import TAG_REQUEST, InterfaceRequest, Server, ServerSpec
@@ -44,6 +45,7 @@ from cloudscale_autoscaler.engine.group import GroupState
 from cloudscale_autoscaler.engine.inventory import API_UNREACHABLE, Inventory
 from cloudscale_autoscaler.engine.networks import NetworkResolver
 from cloudscale_autoscaler.engine.observer import Observer
+from cloudscale_autoscaler.engine.placement import Slot
 from cloudscale_autoscaler.engine.providerid import format_provider_id, placeholder_provider_id
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.engine.userdata import UserDataError
@@ -104,8 +106,9 @@ class Creations:
             )
         specs = self._new_specs(group, delta, interfaces)
         batch = Batch(delta)
-        for server_spec in specs:
-            self._start_creation(group, batch, server_spec)
+        slots = self._place(group, delta)
+        for server_spec, slot in zip(specs, slots, strict=True):
+            self._start_creation(group, batch, server_spec, slot)
         journal = self._inventory.journal
         if journal is not None:  # the batch's creates are registered: the write covers them
             batch.recorded = asyncio.ensure_future(journal.persist())
@@ -140,9 +143,18 @@ class Creations:
         except UserDataError as error:
             raise FailedPrecondition(f"node group {group.name}: {error}") from error
 
-    def _start_creation(self, group: GroupState, batch: Batch, server_spec: ServerSpec) -> None:
+    def _place(self, group: GroupState, count: int) -> list[Slot | None]:
+        """Where each new creation goes: managed server groups (antiAffinity), else nowhere."""
+        if group.placement is None:
+            return [None] * count
+        places = self._inventory.server_groups
+        return list(places.place(group.name, group.placement, count, group.placed()))
+
+    def _start_creation(
+        self, group: GroupState, batch: Batch, server_spec: ServerSpec, slot: Slot | None
+    ) -> None:
         request_id = server_spec.tags[TAG_REQUEST]
-        creation = Creation(request_id, server_spec.name, batch)
+        creation = Creation(request_id, server_spec.name, batch, slot=slot)
         group.issued.add(request_id)
         group.creations[request_id] = creation
         self._background.spawn(self._create(group, creation, server_spec))
@@ -170,6 +182,12 @@ class Creations:
     async def _create(self, group: GroupState, creation: Creation, server_spec: ServerSpec) -> None:
         if not await self._recorded(group, creation):
             return
+        try:
+            server_spec = await self._into_server_group(creation, server_spec)
+        except CloudError as error:  # its server group could not be created
+            if group.creations.get(creation.request_id) is creation:
+                self._creation_failed(group, creation, error)
+            return
         async with self._create_slots:
             if group.creations.get(creation.request_id) is not creation:
                 return  # cancelled, or already listed, while it waited for a slot
@@ -177,6 +195,8 @@ class Creations:
             try:
                 server = await self._cloud.create_server(server_spec)
             except CloudError as error:
+                if creation.slot is not None and group.placement is not None:
+                    self._inventory.server_groups.refused(group.placement, creation.slot, error)
                 self._creation_failed(group, creation, error)
                 return
             except Exception as error:  # a bug must still leave an accounted placeholder
@@ -185,6 +205,13 @@ class Creations:
                 self._creation_failed(group, creation, failure)
                 return
         self._creation_acked(group, creation, server)
+
+    @staticmethod
+    async def _into_server_group(creation: Creation, server_spec: ServerSpec) -> ServerSpec:
+        """The create request with its managed server group, once that group exists."""
+        if creation.slot is None:
+            return server_spec
+        return replace(server_spec, server_groups=(await creation.slot.resolve(),))
 
     async def _recorded(self, group: GroupState, creation: Creation) -> bool:
         """Whether the journal holds the creation's batch (or there is no journal)."""

@@ -25,6 +25,7 @@ from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
+from cloudscale_autoscaler.engine.placement import Placement
 from cloudscale_autoscaler.engine.providerid import (
     parse_placeholder_id,
     parse_server_uuid,
@@ -97,6 +98,8 @@ class GroupState:
         self.issued: set[str] = set()
         # Whether the "above maxSize, created elsewhere" warning was given for this episode.
         self.overshoot_warned = False
+        # The anti-affinity server groups the provider manages for it; None without antiAffinity.
+        self.placement = Placement(config.zone) if config.anti_affinity else None
         # uuid -> ((status, name, deleting, booting), Instance): NodeGroupNodes reuses
         # unchanged ones (building 20,000 messages per call costs tens of milliseconds).
         self._instances: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
@@ -216,6 +219,19 @@ class GroupState:
                     server.uuid,
                 )
                 self.gone.add(request_id)
+
+    # --- anti-affinity server groups ----------------------------------------------------------
+
+    def placed(self) -> dict[str, int]:
+        """Creations placed per managed server group and not yet listed as its members."""
+        if self.placement is None:
+            return {}
+        slots = ((c.slot, c.uuid) for c in self.creations.values() if c.slot is not None)
+        return self.placement.placed(slots)
+
+    def has_unconfirmed(self) -> bool:
+        """Whether creates an earlier process recorded are still counted, unlisted."""
+        return any(c.expires is not None for c in self.creations.values())
 
     # --- creates an earlier process recorded ---------------------------------------------------
 

@@ -35,13 +35,14 @@ from cloudscale_autoscaler.cloud.errors import (
     RateLimitedError,
     UnavailableError,
 )
-from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, Server
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, Server, ServerGroup
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, GroupNotFound
 from cloudscale_autoscaler.engine.group import GroupState
+from cloudscale_autoscaler.engine.placement import ServerGroups, managed_by
 from cloudscale_autoscaler.engine.providerid import (
     format_provider_id,
     parse_server_uuid,
@@ -79,6 +80,7 @@ class Inventory:
         self.groups = {group.name: GroupState(group) for group in config.node_groups}
         self.journal: Journal | None = None
         self._claiming: asyncio.Task[None] | None = None
+        self.server_groups = ServerGroups(cloud, background, config.cluster)
         self._ticks = itertools.count(1)
         self._applied_start = 0  # start tick of the listing the inventory comes from
         self._stale = False  # set by forget until the next listing applies
@@ -131,7 +133,9 @@ class Inventory:
 
     async def _list(self, why: str, start: int) -> None:
         try:
-            servers = await self._cloud.list_servers(self._config.cluster)
+            servers, server_groups = await asyncio.gather(
+                self._cloud.list_servers(self._config.cluster), self._list_server_groups()
+            )
         except CloudError as error:
             problem = api_problem(error)
             if problem == API_UNREACHABLE:
@@ -142,6 +146,23 @@ class Inventory:
             ) from error
         self.api_down = None
         self._apply_listing(servers, start)
+        if server_groups is not None:
+            self._apply_server_groups(server_groups)
+
+    async def _list_server_groups(self) -> list[ServerGroup] | None:
+        """The cluster's server groups, when a node group manages some; None otherwise."""
+        if not any(group.placement is not None for group in self.groups.values()):
+            return None
+        return await self._cloud.list_server_groups(self._config.cluster)
+
+    def _apply_server_groups(self, listed: list[ServerGroup]) -> None:
+        cluster = self._config.cluster
+        for group in self.groups.values():
+            if group.placement is None:
+                continue
+            group.placement.apply_listing(s for s in listed if managed_by(cluster, group.name, s))
+            if not group.has_unconfirmed():  # an earlier process's create may be joining one
+                self.server_groups.tidy(group.name, group.placement, group.placed())
 
     # --- the creation journal -------------------------------------------------------------
 
@@ -385,6 +406,7 @@ class Inventory:
                     creations_in_flight=pending,
                     placeholders=len(group.placeholders),
                     servers_above_max_size=group.above_max(),
+                    server_groups=0 if group.placement is None else group.placement.count,
                 )
             )
         return stats

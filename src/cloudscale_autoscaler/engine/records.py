@@ -9,6 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.engine.placement import Slot
 from cloudscale_autoscaler.journal.entries import now_text
 
 # CA's InstanceErrorClass values.
@@ -65,6 +66,8 @@ class Creation:
     # A create an earlier process recorded and no listing has shown yet: counted until this
     # time (monotonic), then taken for never made (a failed placeholder).
     expires: float | None = None
+    # The managed anti-affinity server group it goes into (antiAffinity groups only).
+    slot: Slot | None = None
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class GroupStatus:
     # Servers tagged for deletion that nobody deletes right now (Refresh resumes them).
     deletions_pending: int
     placeholders: tuple[PlaceholderStatus, ...]
+    # Anti-affinity server groups the provider manages for it (antiAffinity), listed or being
+    # created.
+    server_groups: int
 
 
 @dataclass(frozen=True)
@@ -131,4 +134,5 @@ def group_status(group: GroupState, now: float, now_unix: float, lifetime: float
         placeholders=tuple(
             placeholder_status(p, now, lifetime) for p in group.placeholders.values()
         ),
+        server_groups=0 if group.placement is None else group.placement.count,
     )

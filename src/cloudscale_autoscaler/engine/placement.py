@@ -1,0 +1,204 @@
+"""Anti-affinity server groups the provider manages for a node group (`antiAffinity: true`).
+
+cloudscale.ch keeps the members of an anti-affinity server group on distinct hosts, at most
+MAX_MEMBERS per group, in one zone; a server joins one only in its create request. For a group
+with antiAffinity the provider makes such server groups itself, tagged with the cluster, the
+node group and TAG_MANAGED, so a listing finds them again (after a restart too).
+
+Owns, per node group, the managed server groups as the last listing showed them, the ones being
+created, those being deleted, and those a create found full. Which creation goes where is on
+the creation itself (Creation.slot); a server group's room is derived, never stored:
+
+    room = MAX_MEMBERS - members listed - creations placed there and not yet listed as members
+
+- Placing (synchronous, inside IncreaseSize, so creations never race into one group): each new
+  creation goes into the fullest server group with room, so each fills up before the next is
+  used; the rest go into new server groups, MAX_MEMBERS each, created before their creations
+  are sent.
+- After each listing, a managed server group with no member and nothing placed in it is deleted
+  (only ours: both tags and TAG_MANAGED), unless creates an earlier process recorded are still
+  unconfirmed (they may be joining it).
+- Refusals reach CA as failed creates, with the class creations.py gives any CloudError: a full
+  group (our count was stale; it is not used again until the next listing) and a group gone
+  (dropped) are Other; no distinct host left is OutOfResources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cloudscale_autoscaler.cloud.errors import (
+    CloudError,
+    ServerGroupFullError,
+    ServerGroupGoneError,
+)
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_MANAGED, ServerGroup
+from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.engine import names
+from cloudscale_autoscaler.engine.background import Background
+
+log = logging.getLogger(__name__)
+
+# The API's limit on the members of one anti-affinity server group.
+MAX_MEMBERS = 4
+MANAGED = "true"
+
+
+@dataclass(eq=False)
+class PendingGroup:
+    """A server group being created for creations placed in it."""
+
+    name: str
+    created: asyncio.Future[str] = field(default_factory=asyncio.Future)
+
+
+@dataclass(eq=False)
+class Slot:
+    """Where one creation goes: a known server group, or one being created."""
+
+    uuid: str | None = None
+    pending: PendingGroup | None = None
+
+    async def resolve(self) -> str:
+        """The server group's uuid, once it exists; its creation's error otherwise."""
+        if self.uuid is None:
+            assert self.pending is not None
+            self.uuid = await asyncio.shield(self.pending.created)
+        return self.uuid
+
+
+@dataclass
+class Placement:
+    """One node group's managed server groups (state only; ServerGroups acts on it)."""
+
+    zone: str | None
+    known: dict[str, ServerGroup] = field(default_factory=dict)  # uuid -> as last listed
+    pending: list[PendingGroup] = field(default_factory=list)
+    deleting: set[str] = field(default_factory=set)
+    full: set[str] = field(default_factory=set)  # refused as full since the last listing
+
+    @property
+    def count(self) -> int:
+        """Server groups the node group holds: listed or being created."""
+        return len(self.known) + len(self.pending)
+
+    def apply_listing(self, listed: Iterable[ServerGroup]) -> None:
+        self.known = {group.uuid: group for group in listed}
+        self.full.clear()
+        self.deleting &= self.known.keys()
+
+    def placed(self, slots: Iterable[tuple[Slot, str | None]]) -> dict[str, int]:
+        """Creations placed per known server group and not yet listed as its members, from
+        each creation's (slot, server uuid once acknowledged)."""
+        counts: dict[str, int] = {}
+        for slot, server in slots:
+            group = self.known.get(slot.uuid or "")
+            if group is not None and server not in group.servers:
+                counts[group.uuid] = counts.get(group.uuid, 0) + 1
+        return counts
+
+    def assign(self, count: int, placed: dict[str, int], new_name: str) -> list[Slot]:
+        """Slots for `count` new creations; creates PendingGroups as needed (named by
+        `new_name` plus a suffix)."""
+        rooms = {
+            uuid: MAX_MEMBERS - len(group.servers) - placed.get(uuid, 0)
+            for uuid, group in self.known.items()
+            if uuid not in self.full and uuid not in self.deleting
+        }
+        slots: list[Slot] = []
+        for uuid in sorted(rooms, key=lambda u: (rooms[u], u)):  # fullest first
+            while rooms[uuid] > 0 and len(slots) < count:
+                rooms[uuid] -= 1
+                slots.append(Slot(uuid=uuid))
+        while len(slots) < count:
+            pending = PendingGroup(f"{new_name}-{names.random_suffix()}")
+            self.pending.append(pending)
+            slots += [Slot(pending=pending) for _ in range(min(MAX_MEMBERS, count - len(slots)))]
+        return slots
+
+    def empty(self, placed: dict[str, int]) -> list[str]:
+        """Known server groups with no member and nothing placed: to delete."""
+        return [
+            uuid
+            for uuid, group in self.known.items()
+            if not group.servers and not placed.get(uuid) and uuid not in self.deleting
+        ]
+
+
+def managed_by(cluster: str, group: str, server_group: ServerGroup) -> bool:
+    tags = server_group.tags
+    return (
+        tags.get(TAG_CLUSTER) == cluster
+        and tags.get(TAG_GROUP) == group
+        and tags.get(TAG_MANAGED) == MANAGED
+    )
+
+
+class ServerGroups:
+    """Creates and deletes the managed server groups (the API calls, in the background)."""
+
+    def __init__(self, cloud: Cloud, background: Background, cluster: str) -> None:
+        self._cloud = cloud
+        self._background = background
+        self._cluster = cluster
+
+    def tags(self, group: str) -> dict[str, str]:
+        return {TAG_CLUSTER: self._cluster, TAG_GROUP: group, TAG_MANAGED: MANAGED}
+
+    def place(
+        self, group: str, placement: Placement, count: int, placed: dict[str, int]
+    ) -> list[Slot]:
+        """Slots for `count` creations of `group`; new server groups are created at once."""
+        before = len(placement.pending)
+        slots = placement.assign(count, placed, f"{self._cluster}-{group}")
+        for pending in placement.pending[before:]:
+            self._background.spawn(self._create(group, placement, pending))
+        return slots
+
+    async def _create(self, group: str, placement: Placement, pending: PendingGroup) -> None:
+        try:
+            made = await self._cloud.create_server_group(
+                pending.name, placement.zone or "", self.tags(group)
+            )
+        except CloudError as error:
+            log.warning("group %s: creating server group %s failed: %s", group, pending.name, error)
+            pending.created.set_exception(error)
+            pending.created.exception()  # retrieved: each creation placed there reports it
+            return
+        finally:
+            placement.pending.remove(pending)
+        placement.known[made.uuid] = made
+        log.info(
+            "group %s: created anti-affinity server group %s (%s)", group, made.name, made.uuid
+        )
+        pending.created.set_result(made.uuid)
+
+    def refused(self, placement: Placement, slot: Slot, error: CloudError) -> None:
+        """A create into `slot` was refused: keep the server group from being used until the
+        next listing says how it is."""
+        if slot.uuid is None:
+            return
+        if isinstance(error, ServerGroupFullError):
+            placement.full.add(slot.uuid)
+        elif isinstance(error, ServerGroupGoneError):
+            placement.known.pop(slot.uuid, None)
+
+    def tidy(self, group: str, placement: Placement, placed: dict[str, int]) -> None:
+        """Delete the node group's empty managed server groups (in the background)."""
+        for uuid in placement.empty(placed):
+            placement.deleting.add(uuid)
+            self._background.spawn(self._delete(group, placement, uuid))
+
+    async def _delete(self, group: str, placement: Placement, uuid: str) -> None:
+        name = placement.known[uuid].name if uuid in placement.known else uuid
+        try:
+            await self._cloud.delete_server_group(uuid)
+        except CloudError as error:
+            placement.deleting.discard(uuid)  # the next listing tries again
+            log.warning("group %s: deleting empty server group %s failed: %s", group, name, error)
+            return
+        placement.known.pop(uuid, None)
+        log.info("group %s: deleted empty anti-affinity server group %s (%s)", group, name, uuid)

@@ -1,0 +1,87 @@
+"""Where an antiAffinity group's new creations go (engine/placement.py), as a table: each
+server group fills up to the API's member limit before the next is used, new ones are made for
+the rest, and what a create found full or is being deleted is not used."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cloudscale_autoscaler.cloud.models import ServerGroup
+from cloudscale_autoscaler.engine.placement import MAX_MEMBERS, Placement, Slot
+
+
+def listed(**members: int) -> list[ServerGroup]:
+    """Server groups named by their uuid, each with that many member servers."""
+    return [
+        ServerGroup(uuid, uuid, "lpg1", tuple(f"{uuid}-{i}" for i in range(count)))
+        for uuid, count in members.items()
+    ]
+
+
+def where(slots: list[Slot]) -> list[str]:
+    """Each slot's server group: its uuid, or "new<k>" for the k-th one being created."""
+    news: dict[int, int] = {}
+    out = []
+    for slot in slots:
+        if slot.uuid is not None:
+            out.append(slot.uuid)
+        else:
+            assert slot.pending is not None
+            out.append(f"new{news.setdefault(id(slot.pending), len(news))}")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("members", "placed", "count", "expected"),
+    [
+        ({}, {}, 1, ["new0"]),
+        ({}, {}, 6, ["new0"] * 4 + ["new1"] * 2),
+        ({"a": 4}, {}, 1, ["new0"]),  # full
+        ({"a": 1, "b": 3}, {}, 3, ["b", "a", "a"]),  # the fullest first
+        ({"a": 2}, {"a": 2}, 1, ["new0"]),  # full with creations already placed there
+        ({"a": 2}, {"a": 1}, 3, ["a", "new0", "new0"]),
+        ({"a": 0, "b": 0}, {}, 9, ["a"] * 4 + ["b"] * 4 + ["new0"]),
+        ({"a": 3}, {}, 0, []),
+    ],
+    ids=["first", "two-new", "full", "fullest-first", "placed-counts", "fill-then-new",
+         "empty-ones-first", "none"],
+)  # fmt: skip
+async def test_assign(
+    members: dict[str, int], placed: dict[str, int], count: int, expected: list[str]
+) -> None:
+    placement = Placement("lpg1")
+    placement.apply_listing(listed(**members))
+    slots = placement.assign(count, placed, "prod-workers")
+    assert where(slots) == expected
+    assert placement.count == len(members) + len({s.pending for s in slots if s.pending})
+    for pending in placement.pending:
+        assert pending.name.startswith("prod-workers-")
+
+
+async def test_full_and_deleting_groups_are_not_used_until_the_next_listing() -> None:
+    placement = Placement("lpg1")
+    placement.apply_listing(listed(a=0, b=0))
+    placement.full.add("a")
+    placement.deleting.add("b")
+    assert where(placement.assign(1, {}, "p")) == ["new0"]
+    placement.apply_listing(listed(a=1, b=0))  # a is listed again: usable; b still goes
+    assert where(placement.assign(1, {}, "p")) == ["a"]
+
+
+async def test_empty_groups_are_those_without_members_or_placed_creations() -> None:
+    placement = Placement("lpg1")
+    placement.apply_listing(listed(a=0, b=0, c=2))
+    assert placement.empty({"b": 1}) == ["a"]
+    placement.deleting.add("a")
+    assert placement.empty({"b": 1}) == []
+
+
+async def test_a_slot_resolves_to_the_created_group() -> None:
+    placement = Placement("lpg1")
+    (slot,) = placement.assign(1, {}, "p")
+    assert slot.pending is not None
+    slot.pending.created.set_result("made")
+    assert await asyncio.wait_for(slot.resolve(), 1) == "made"
+    assert MAX_MEMBERS == 4

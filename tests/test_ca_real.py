@@ -742,3 +742,102 @@ async def test_a_failover_during_a_scale_up_loses_and_doubles_nothing(
         for replica in replicas:
             await replica.kill()
         await asyncio.to_thread(reset_election, cluster.kube)
+
+
+# --- a pool in two zones, and managed anti-affinity (issue 32) -----------------------------
+
+POOL_LABEL = "autoscaler.cloudscale.ch/pool"
+# What docs/deployment.md tells to run CA with for a pool fanned out by `zones`: the zonal
+# groups are similar by their pool label (--balancing-label works alike in 1.34 to 1.37).
+BALANCING = ("--balance-similar-node-groups=true", f"--balancing-label={POOL_LABEL}")
+# CA's backoff of a group whose creates failed, short enough to see the zone used again.
+BACKOFF = ("--initial-node-group-backoff-duration=10s", "--max-node-group-backoff-duration=10s")
+
+
+def pool(name: str, **fields: Any) -> dict[str, Any]:
+    """A group fanned out into lpg1 and rma1."""
+    entry = {**group(name, **fields), "zones": ["lpg1", "rma1"]}
+    del entry["zone"]
+    return entry
+
+
+async def servers_by_zone(emulator: RunningEmulator) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for server in await emulator.admin.servers():
+        counts[server["zone"]["slug"]] = counts.get(server["zone"]["slug"], 0) + 1
+    return counts
+
+
+async def scale_load(cluster: Cluster, replicas: int) -> None:
+    apps = k8s.AppsV1Api(cluster.kube.client())
+    await asyncio.to_thread(apps.patch_namespaced_deployment_scale, "load", "default",
+                            {"spec": {"replicas": replicas}})  # fmt: skip
+
+
+@pytest.mark.parametrize("version", NEWEST)
+async def test_a_pool_in_two_zones_is_split_evenly(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Four pending pods that each need a node: CA sees workers-lpg1 and workers-rma1 as
+    similar (same pool label) and splits the scale-up, two servers per zone."""
+    await load(cluster, 4)
+    async with scene(version, [pool("workers")], cluster, pki, emulator, tmp_path,
+                     flags=BALANCING) as running:  # fmt: skip
+        await wait_all_running(cluster, running.ca, 4, "the pods never ran")
+        assert await servers_by_zone(emulator) == {"lpg1": 2, "rma1": 2}, running.ca.complaints()
+        assert "Splitting scale-up between 2 similar node groups" in running.ca.output
+
+
+@pytest.mark.parametrize("version", NEWEST)
+async def test_a_zone_out_of_capacity_falls_over_and_is_used_again_once_it_recovers(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """lpg1 refuses new servers: CA backs workers-lpg1 off (our OutOfResources placeholders)
+    and the scale-up ends in rma1. Once lpg1 has room again and the backoff is over, the next
+    scale-up goes to lpg1, the smaller zone."""
+    await emulator.admin.set_faults({"zones_out_of_capacity": ["lpg1"]})
+    await load(cluster, 2)
+    async with scene(version, [pool("workers")], cluster, pki, emulator, tmp_path,
+                     flags=BALANCING + BACKOFF) as running:  # fmt: skip
+        ca = running.ca
+        await wait_all_running(cluster, ca, 2, "the pods never ran in the other zone")
+        assert await servers_by_zone(emulator) == {"rma1": 2}
+        assert "Disabling scale-up for node group workers-lpg1" in ca.output, ca.complaints()
+        await emulator.admin.clear_faults()
+        await asyncio.sleep(10)  # CA's backoff of workers-lpg1 (BACKOFF) runs out
+        await scale_load(cluster, 4)
+        await wait_all_running(cluster, ca, 4, "the pods never ran once lpg1 recovered")
+        assert await servers_by_zone(emulator) == {"lpg1": 2, "rma1": 2}, ca.complaints()
+
+
+async def managed_server_groups(emulator: RunningEmulator) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=emulator.url, headers=AUTH_HEADERS) as api:
+        answer = await api.get("/server-groups", params={f"tag:{TAG_CLUSTER}": CLUSTER})
+        answer.raise_for_status()
+        return list(answer.json())
+
+
+@pytest.mark.parametrize("version", NEWEST)
+async def test_an_anti_affine_group_fills_server_groups_of_four_and_leaves_none_at_zero(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """antiAffinity: six servers go into two server groups the provider made (four and two);
+    scaled back to zero, none of them is left."""
+    await load(cluster, 6)
+    workers = group("workers", maxSize=6, antiAffinity=True)
+    unneeded = (f"--scale-down-unneeded-time={UNNEEDED_SECONDS}s",)
+    async with scene(version, [workers], cluster, pki, emulator, tmp_path,
+                     flags=unneeded) as running:  # fmt: skip
+        ca = running.ca
+        await wait_all_running(cluster, ca, 6, "the pods never ran")
+        groups = await managed_server_groups(emulator)
+        assert sorted(len(g["servers"]) for g in groups) == [2, 4], groups
+        servers = {s["uuid"] for s in await emulator.admin.servers()}
+        assert {m["uuid"] for g in groups for m in g["servers"]} == servers
+        await scale_load(cluster, 0)
+
+        async def all_gone() -> bool:
+            ca.alive()
+            return not await emulator.admin.servers() and not await managed_server_groups(emulator)
+
+        await wait_until(all_gone, 120, "servers or server groups were left at zero")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_config import ENV, base_doc, errors_of, write
 
 from cloudscale_autoscaler.config import load_config
@@ -83,3 +84,23 @@ def test_the_pool_label_needs_node_labels_in_the_user_data(tmp_path: Path) -> No
         "--node-labels=${node_labels} to the kubelet)"
     ]
     assert LABEL_POOL == "autoscaler.cloudscale.ch/pool"
+
+
+def readme_pool_example() -> str:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("A pool in both zones")
+    block = text[start:].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("nodeGroups:"), block
+    return block
+
+
+def test_check_config_accepts_the_readmes_pool_example(tmp_path: Path) -> None:
+    """With a user data that passes ${node_labels}: no error and no warning."""
+    doc = base_doc()
+    doc["nodeGroups"] = yaml.safe_load(readme_pool_example())["nodeGroups"]
+    doc["stateDir"] = str(tmp_path / "state")
+    user_data = "#cloud-config\nruncmd:\n  - kubelet --node-labels=${node_labels}\n"
+    config = load_config(write(tmp_path, doc, {"user-data.yaml": user_data}), env=ENV)
+    assert [g.name for g in config.node_groups] == ["workers-lpg1", "workers-rma1"]
+    assert all(g.anti_affinity and g.max_size == 5 for g in config.node_groups)
+    assert config_warnings(config) == []

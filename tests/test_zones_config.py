@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.emulator import RunningEmulator
+from test_check_config import EMULATOR_TOKEN, check_online, failure_lines
+from test_check_config import write_config as write_checked_config
 from test_config import ENV, base_doc, errors_of, write
 
 from cloudscale_autoscaler.config import load_config
@@ -104,3 +107,19 @@ def test_check_config_accepts_the_readmes_pool_example(tmp_path: Path) -> None:
     assert [g.name for g in config.node_groups] == ["workers-lpg1", "workers-rma1"]
     assert all(g.anti_affinity and g.max_size == 5 for g in config.node_groups)
     assert config_warnings(config) == []
+
+
+async def test_the_online_check_names_the_zone_a_flavor_is_not_offered_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], emulator: RunningEmulator
+) -> None:
+    """The emulator offers its GPU flavors in rma1 only (docs/emulator.md)."""
+    gpu = {"name": "gpu", "zones": ["lpg1", "rma1"], "minSize": 0, "maxSize": 1,
+           "flavor": "gpu2-128-16-1-200", "image": "debian-12",
+           "userData": "#cloud-config\n# --node-labels=${node_labels}\n"}  # fmt: skip
+    path = write_checked_config(tmp_path, [gpu], url=emulator.url, token=EMULATOR_TOKEN)
+    assert await check_online(path) == 2
+    _, err = capsys.readouterr()
+    assert failure_lines(err, emulator.url)[1:] == [
+        '  nodeGroups[0].flavor: flavor "gpu2-128-16-1-200" is not available in zone "lpg1" '
+        "(available in: rma1)"
+    ]

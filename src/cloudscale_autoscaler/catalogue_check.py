@@ -136,13 +136,14 @@ def catalogue_errors(
         if group.zone is None:
             continue
         if group.zone not in zones:
-            errors.append(f'{at}.zone: unknown zone "{group.zone}" (known: {known(zones)})')
+            where = f"{at}.zone" if group.pool is None else f"{at}.zones"
+            errors.append(f'{where}: unknown zone "{group.zone}" (known: {known(zones)})')
             continue
         if flavor is not None:
             errors += _zone_errors(f"{at}.flavor", "flavor", flavor.slug, flavor.zones, group.zone)
         if image is not None:
             errors += _zone_errors(f"{at}.image", "image", image.slug, image.zones, group.zone)
-    return errors
+    return list(dict.fromkeys(errors))  # an entry's zones share its flavor and image
 
 
 Catalogue = tuple[list[Flavor], list[Image], list[Region]]

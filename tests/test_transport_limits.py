@@ -21,13 +21,15 @@ import struct
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import hpack
 import pytest
 from campaign.serve import ServeProcess, start_serve, write_config
-from fixtures.emulator import TOKEN, RunningEmulator
+from fixtures.emulator import TOKEN
 from fixtures.tls import PKI, client_ssl_context, grpc_channel
+from fixtures.tools import cli, free_port
 
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
@@ -146,15 +148,53 @@ def assert_bounded(outcome: Outcome) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_process(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator, **top: object
-) -> AsyncIterator[ServeProcess]:
-    config = write_config(tmp_path, pki, emulator.url, TOKEN, cluster="flood", **top)
-    serve = await start_serve(config, log_level="info")
+async def serve_process(tmp_path: Path, pki: PKI, **top: Any) -> AsyncIterator[ServeProcess]:
+    """`serve` with the floods' config, and the API emulator it calls."""
+    async with emulator_process(tmp_path) as api_url:
+        config = write_config(tmp_path, pki, api_url, TOKEN, cluster="flood", **top)
+        serve = await start_serve(config, log_level="info")
+        try:
+            yield serve
+        finally:
+            await serve.kill()
+
+
+@contextlib.asynccontextmanager
+async def emulator_process(directory: Path) -> AsyncIterator[str]:
+    """The API emulator in a process of its own; its /v1 URL. On this test's event loop (the
+    `emulator` fixture) it answers the server only between the floods' sends, and a round of
+    40 x 16 MiB holds that loop for half a second at a time: the legitimate calls that wait for
+    the API (Refresh, DeleteNodes) would be slowed by this test's own client, not by the server
+    (by over a second in that flood)."""
+    port = free_port()
+    argv = cli("emulator", "--listen", f"127.0.0.1:{port}", "--token", TOKEN, "--boot-seconds", "0")
+    log = directory / "emulator.log"
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=output, stderr=output)
     try:
-        yield serve
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await accepts(port):
+            if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"the emulator is not listening:\n{output_of(log)}")
+            await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
-        await serve.kill()
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def accepts(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+def output_of(log: Path) -> str:
+    return log.read_text(errors="replace")
 
 
 def big_delete_nodes() -> bytes:
@@ -177,7 +217,7 @@ def big_delete_nodes() -> bytes:
 
 
 async def test_concurrent_16_mib_delete_nodes_stay_under_the_memory_limit(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+    tmp_path: Path, pki: PKI
 ) -> None:
     payload = big_delete_nodes()
     codes: list[grpc.StatusCode] = []
@@ -190,7 +230,7 @@ async def test_concurrent_16_mib_delete_nodes_stay_under_the_memory_limit(
                 assert isinstance(result, grpc.aio.AioRpcError), result
                 codes.append(result.code())
 
-    async with serve_process(tmp_path, pki, emulator) as serve:
+    async with serve_process(tmp_path, pki) as serve:
         options = [("grpc.max_send_message_length", 32 * MIB)]
         async with grpc_channel(pki, serve.address, options=options) as channel:
             outcome = await under_flood(serve, pki, flood(channel))
@@ -265,9 +305,7 @@ async def bodiless_streams(address: str, pki: PKI, count: int) -> Opened:
     return Opened(writer, sent, draining)
 
 
-async def test_bodiless_streams_stay_under_the_memory_limit(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator
-) -> None:
+async def test_bodiless_streams_stay_under_the_memory_limit(tmp_path: Path, pki: PKI) -> None:
     connections: list[Opened] = []
     sent: list[tuple[int, bool]] = []  # per connection: streams sent, closed by the server
 
@@ -280,15 +318,13 @@ async def test_bodiless_streams_stay_under_the_memory_limit(
             opened.writer.close()
             opened.draining.cancel()
 
-    async with serve_process(tmp_path, pki, emulator) as serve:
+    async with serve_process(tmp_path, pki) as serve:
         outcome = await under_flood(serve, pki, flood())
     print(f"5 connections x 20,000 bodiless streams: {outcome}; (streams sent, closed) {sent}")
     assert_bounded(outcome)
 
 
-async def test_refused_clients_idle_connections_are_closed(
-    tmp_path: Path, pki: PKI, emulator: RunningEmulator
-) -> None:
+async def test_refused_clients_idle_connections_are_closed(tmp_path: Path, pki: PKI) -> None:
     intruder = client_ssl_context(pki, client=pki.client("intruder"))
     # The idle timeout sends them GOAWAY; as they never answer its PING, they are closed
     # once a PING's time is up. The wait allows that and the handshakes' time, no more.
@@ -316,7 +352,7 @@ async def test_refused_clients_idle_connections_are_closed(
             task.result()
 
     async with serve_process(
-        tmp_path, pki, emulator, tls={**_tls(pki), "allowedClients": ["cluster-autoscaler"]}
+        tmp_path, pki, tls={**_tls(pki), "allowedClients": ["cluster-autoscaler"]}
     ) as serve:
         outcome = await under_flood(serve, pki, flood())
     after = f"{min(closed, default=0):.0f}-{max(closed, default=0):.0f} s"

@@ -71,13 +71,15 @@ PYTHON_RPCS = (
     "NodeGroupTemplateNodeInfo",
 )
 # Each kind of legitimate call, at least, while each flood runs: a call never made cannot have
-# been slow. The shortest flood (40 x 16 MiB, three times) lasted 1.3 to 4 s here.
+# been slow. The shortest flood (40 x 16 MiB, three times) lasted 1 to 5 s here.
 MIN_CALLS_IN_FLOOD = 3
 T = TypeVar("T")
-# The pause after each Python-path call: brisk enough for several rounds in that flood, yet
-# no spin. Without it (some 300 calls a second; CA makes far fewer) the RSS stayed at 1.6x idle
-# for over a minute after that flood.
+# The pause after each Python-path call, but for the first BRISK_CALLS of each flood: those come
+# back to back, as in a CA loop, so that even the shortest flood sees many rounds while it hits
+# hardest. Without pauses (some 300 calls a second; CA makes far fewer) the RSS once stayed at
+# 1.6x idle for the whole minute after that flood, and the long flood cost a core for 50 s.
 PYTHON_PACE_SECONDS = 0.02
+BRISK_CALLS = 50
 # How long the server an IncreaseSize started may take to be listed running (the emulator
 # boots at once; this only turns a hang into a failure).
 RUNNING_LIMIT_SECONDS = 30.0
@@ -166,6 +168,15 @@ class Client:
         return cls(address, pki.ca_cert.read_bytes(), cert, key)
 
 
+@dataclass(frozen=True)
+class Signals:
+    """Between the test and the legitimate client's process."""
+
+    stop: Event  # by the test when done, by the client when a call failed
+    ready: Event  # by the client, once it made a round of the Python-path calls
+    flooding: Event  # by the test, while the flood runs
+
+
 class Legitimate:
     """CA's stand-in on its own connection: NodeGroups every 0.2 s and, alongside, one after
     another, the calls Python answers: IncreaseSize +1 on its own group, Refresh and
@@ -173,17 +184,17 @@ class Legitimate:
     TemplateNodeInfo (FORWARDED_TEMPLATE_REQUEST). Runs in a process of its own (see
     under_flood), with gRPC's blocking API, a thread for each of the two."""
 
-    def __init__(self, client: Client, stop: Event, ready: Event) -> None:
+    def __init__(self, client: Client, signals: Signals) -> None:
         credentials = grpc.ssl_channel_credentials(client.ca, client.key, client.cert)
         self._channel = grpc.secure_channel(client.address, credentials)
         self._stub = pb_grpc.CloudProviderStub(self._channel)  # type: ignore[no-untyped-call]
-        self._stop = stop
-        self._ready = ready  # set once a round of the Python-path calls is made
+        self._signals = signals
+        self._brisk = BRISK_CALLS  # calls left to make without a pause in this flood
         self.calls: list[Call] = []  # appended to by both threads
         self.failures: list[str] = []
 
     def run(self) -> None:
-        """Calls until `stop` is set, which a failure does too (recorded in `failures`)."""
+        """Calls until `signals.stop` is set, which a failure does too (see `failures`)."""
         threads = [
             threading.Thread(target=self._until_failure, args=(calling,))
             for calling in (self._node_groups, self._python_path)
@@ -200,10 +211,10 @@ class Legitimate:
         except Exception as error:  # a call that failed or missed CA's deadline, or a bug here
             self.failures.append(str(error) or repr(error))
         finally:
-            self._stop.set()  # a failure ends every loop
+            self._signals.stop.set()  # a failure ends every loop
 
     def _node_groups(self) -> None:
-        while not self._stop.is_set():
+        while not self._signals.stop.is_set():
             self._timed("NodeGroups", self._stub.NodeGroups, pb.NodeGroupsRequest())
             time.sleep(0.2)
 
@@ -215,14 +226,14 @@ class Legitimate:
             response_deserializer=None,
         )
         increase = pb.NodeGroupIncreaseSizeRequest(id=OWN_GROUP, delta=1)
-        while not self._stop.is_set():
+        while not self._signals.stop.is_set():
             self._python("NodeGroupIncreaseSize", stub.NodeGroupIncreaseSize, increase)
             node = pb.ExternalGrpcNode(providerID=self._running_server())
             delete = pb.NodeGroupDeleteNodesRequest(id=OWN_GROUP, nodes=[node])
             self._python("NodeGroupDeleteNodes", stub.NodeGroupDeleteNodes, delete)
             answer = self._python("NodeGroupTemplateNodeInfo", template, FORWARDED_TEMPLATE_REQUEST)
             assert pb.NodeGroupTemplateNodeInfoResponse.FromString(answer).nodeBytes
-            self._ready.set()
+            self._signals.ready.set()
 
     def _running_server(self) -> str:
         """The providerID of its group's server, once NodeGroupNodes lists it running. Each
@@ -238,8 +249,13 @@ class Legitimate:
             assert time.monotonic() < deadline, f"no server of {OWN_GROUP} running: {nodes}"
 
     def _python(self, rpc: str, method: Callable[..., T], request: Any) -> T:
-        """A call only Python answers, then a short pause (PYTHON_PACE_SECONDS)."""
+        """A call only Python answers, then a pause (see PYTHON_PACE_SECONDS)."""
         answer = self._timed(rpc, method, request)
+        if not self._signals.flooding.is_set():
+            self._brisk = BRISK_CALLS
+        elif self._brisk > 0:
+            self._brisk -= 1
+            return answer
         time.sleep(PYTHON_PACE_SECONDS)
         return answer
 
@@ -257,10 +273,10 @@ class Legitimate:
         return answer
 
 
-def call_legitimately(client: Client, stop: Event, ready: Event, results: Connection) -> None:
-    """The legitimate client's process: calls until `stop`, then sends back its calls and its
-    first failure (None without one)."""
-    legitimate = Legitimate(client, stop, ready)
+def call_legitimately(client: Client, signals: Signals, results: Connection) -> None:
+    """The legitimate client's process: calls until `signals.stop`, then sends back its calls
+    and its first failure (None without one)."""
+    legitimate = Legitimate(client, signals)
     legitimate.run()
     results.send((legitimate.calls, next(iter(legitimate.failures), None)))
 
@@ -294,31 +310,34 @@ async def under_flood(serve: ServeProcess, pki: PKI, flood: Awaitable[None]) -> 
     # at a time), which a client in it would spend waiting, not calling. Spawned: gRPC does
     # not survive a fork.
     spawn = multiprocessing.get_context("spawn")
-    stop, ready = spawn.Event(), spawn.Event()
+    signals = Signals(stop=spawn.Event(), ready=spawn.Event(), flooding=spawn.Event())
     results, sending = spawn.Pipe(duplex=False)
     client = Client.of(serve.address, pki)
-    legitimate = spawn.Process(target=call_legitimately, args=(client, stop, ready, sending))
+    legitimate = spawn.Process(target=call_legitimately, args=(client, signals, sending))
     legitimate.start()
     sending.close()  # its end is the child's: recv fails if the child dies without answering
     try:
         # Connected, and a round of Python-path calls made: the answers' memory is in place.
-        while not ready.is_set():
-            assert not stop.is_set() and legitimate.is_alive(), "the legitimate client stopped"
+        while not signals.ready.is_set():
+            if signals.stop.is_set() or not legitimate.is_alive():  # its failure follows
+                raise AssertionError("the legitimate client stopped before the flood")
             await asyncio.sleep(0.1)
         idle_kib = status_kib(pid, "VmRSS")
         with open(f"/proc/{pid}/clear_refs", "w") as clear:  # noqa: ASYNC230 (procfs)
             clear.write("5")  # VmHWM from now on
+        signals.flooding.set()
         flood_started = time.monotonic()
         flooding = asyncio.ensure_future(flood)
         watching = asyncio.create_task(watch_rss(pid, flooding))
         with contextlib.suppress(asyncio.CancelledError):
             await flooding
         flood_window = (flood_started, time.monotonic())
+        signals.flooding.clear()
         await watching
         peak_kib = status_kib(pid, "VmHWM")
         back_kib = await back_to_idle(pid, idle_kib)
     finally:
-        stop.set()
+        signals.stop.set()
         calls, failure = await asyncio.to_thread(results.recv)
         await asyncio.to_thread(legitimate.join)
         assert failure is None, failure  # a legitimate call failed or missed CA's deadline

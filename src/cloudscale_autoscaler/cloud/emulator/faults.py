@@ -25,6 +25,10 @@ ENDPOINTS: frozenset[str] = frozenset(
         "list_images",
         "list_regions",
         "list_server_groups",
+        "create_server_group",
+        "get_server_group",
+        "patch_server_group",
+        "delete_server_group",
         "list_networks",
         "list_subnets",
         "*",
@@ -41,6 +45,7 @@ _TOP_LEVEL = frozenset(
         "quota",
         "fail_next_creates",
         "zones_out_of_capacity",
+        "host_shortage",
         "lose_create_responses",
         "slow_deletes_seconds",
         "down",
@@ -96,6 +101,34 @@ class Countdown:
 
 
 @dataclass(slots=True)
+class HostShortage:
+    """No host left for one more member of a server group: server creates that name a server
+    group, in `zones` (every zone when empty), are refused; with `count`, only the next
+    `count` of them."""
+
+    zones: tuple[str, ...] = ()
+    count: int | None = None
+
+    def take(self, zone: str) -> bool:
+        if self.zones and zone not in self.zones:
+            return False
+        if self.count is None:
+            return True
+        if self.count <= 0:
+            return False
+        self.count -= 1
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if self.zones:
+            body["zones"] = list(self.zones)
+        if self.count is not None:
+            body["count"] = self.count
+        return body
+
+
+@dataclass(slots=True)
 class Faults:
     latency: dict[str, Latency] = field(default_factory=dict)
     error_rate: dict[str, ErrorRate] = field(default_factory=dict)
@@ -103,6 +136,7 @@ class Faults:
     quota: Quota | None = None
     fail_next_creates: Countdown | None = None
     zones_out_of_capacity: tuple[str, ...] = ()
+    host_shortage: HostShortage | None = None
     lose_create_responses: Countdown | None = None
     slow_deletes_seconds: float = 0.0
     down: str | None = None  # "503" | "reset"
@@ -147,6 +181,8 @@ class Faults:
             }
         if self.zones_out_of_capacity:
             body["zones_out_of_capacity"] = list(self.zones_out_of_capacity)
+        if self.host_shortage is not None:
+            body["host_shortage"] = self.host_shortage.to_json()
         if self.lose_create_responses:
             body["lose_create_responses"] = {
                 "count": self.lose_create_responses.count,
@@ -199,7 +235,16 @@ def parse_faults(body: Any, zones: tuple[str, ...]) -> Faults:
             LOST_RESPONSE_MODES,
             "drop",
         )
-    faults.zones_out_of_capacity = _zones(obj.get("zones_out_of_capacity"), zones)
+    faults.zones_out_of_capacity = _zones(
+        obj.get("zones_out_of_capacity"), zones, "zones_out_of_capacity"
+    )
+    if obj.get("host_shortage") is not None:
+        shortage = _object(obj["host_shortage"], "host_shortage", {"zones", "count"})
+        count = shortage.get("count")
+        faults.host_shortage = HostShortage(
+            zones=_zones(shortage.get("zones"), zones, "host_shortage.zones"),
+            count=None if count is None else _integer(count, "host_shortage.count", 0, None),
+        )
     faults.slow_deletes_seconds = _number(
         obj.get("slow_deletes_seconds", 0), "slow_deletes_seconds", 0, None
     )
@@ -264,10 +309,9 @@ def _countdown(
     return Countdown(count=_integer(obj.get("count", 1), f"{path}.count", 0, None), what=what)
 
 
-def _zones(value: Any, zones: tuple[str, ...]) -> tuple[str, ...]:
+def _zones(value: Any, zones: tuple[str, ...], path: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    path = "zones_out_of_capacity"
     if not isinstance(value, list):
         raise FaultsError(path, "expected a list of zone slugs")
     for zone in value:

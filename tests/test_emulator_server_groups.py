@@ -426,6 +426,10 @@ async def test_zone_out_of_capacity_refuses_member_creates_first(
         ({"host_shortage": {"hosts": 1}}, "host_shortage.hosts"),
         ({"host_shortage": ["rma1"]}, "host_shortage"),
         ({"error_rate": {"create_server_groups": {"rate": 1}}}, "error_rate.create_server_groups"),
+        (
+            {"lose_create_responses": {"endpoint": "delete_server_group"}},
+            "lose_create_responses.endpoint",
+        ),
     ],
 )
 async def test_bad_host_shortage_bodies_are_400_naming_the_key(
@@ -435,6 +439,34 @@ async def test_bad_host_shortage_bodies_are_400_naming_the_key(
         response = await admin.put("/faults", json=faults)
     assert response.status_code == 400
     assert list(response.json()) == [key]
+
+
+@pytest.mark.parametrize("mode", ["drop", "504"])
+async def test_lost_server_group_create_responses(
+    emulator: RunningEmulator, emulator_client: httpx.AsyncClient, mode: str
+) -> None:
+    lost = {"count": 1, "mode": mode, "endpoint": "create_server_group"}
+    assert await emulator.admin.set_faults({"lose_create_responses": lost}) == {
+        "lose_create_responses": lost
+    }
+    # Server creates are not hit by it.
+    assert (await create_server(emulator_client)).status_code == 201
+    if mode == "drop":
+        with pytest.raises(httpx.RemoteProtocolError):
+            await create_group(emulator_client, name="lost", tags={"k": "v"})
+    else:
+        response = await create_group(emulator_client, name="lost", tags={"k": "v"})
+        assert response.status_code == 504
+        assert response.headers["content-type"].startswith("text/html")
+    # Created all the same.
+    [group] = (await emulator_client.get("/server-groups?tag:k=v")).json()
+    assert group["name"] == "lost"
+    assert (await emulator.admin.faults())["lose_create_responses"]["count"] == 0
+    assert (await create_group(emulator_client)).status_code == 201
+    assert (await emulator.admin.stats())["create_server_group"] == {
+        ("dropped" if mode == "drop" else "504"): 1,
+        "201": 1,
+    }
 
 
 GROUP_CALLS = [

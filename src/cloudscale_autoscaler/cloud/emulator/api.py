@@ -208,14 +208,24 @@ async def create_server(request: web.Request) -> web.Response:
     new = validate_create(await read_json(request), state)
     _refuse_create(state, new)
     record = state.create(new)
+    lost = _lose_response(request, state, "create_server")
+    if lost is not None:
+        return lost
+    # The real API answers before the server has booted.
+    return json_bytes(state.render(record, "changing"), 201)
+
+
+def _lose_response(
+    request: web.Request, state: EmulatorState, endpoint: str
+) -> web.Response | None:
+    """The lose_create_responses fault, after a create (of `endpoint`) was carried out."""
     lost = state.faults.lose_create_responses
-    mode = lost.take() if lost else None
+    mode = lost.take() if lost is not None and lost.endpoint == endpoint else None
     if mode == "drop":
         return drop_connection(request, reset=False)
     if mode == "504":
         return web.Response(status=504, body=_GATEWAY_TIMEOUT_HTML, content_type="text/html")
-    # The real API answers before the server has booted.
-    return json_bytes(state.render(record, "changing"), 201)
+    return None
 
 
 def _refuse_create(state: EmulatorState, new: NewServer) -> None:
@@ -306,6 +316,9 @@ def _server_group(request: web.Request) -> ServerGroupRecord:
 async def create_server_group(request: web.Request) -> web.Response:
     state = request.app[STATE]
     group = state.create_group(validate_server_group_create(await read_json(request)))
+    lost = _lose_response(request, state, "create_server_group")
+    if lost is not None:
+        return lost
     return json_value(state.render_group(group), 201)
 
 

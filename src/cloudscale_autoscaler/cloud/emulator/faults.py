@@ -36,6 +36,8 @@ ENDPOINTS: frozenset[str] = frozenset(
 )
 CREATE_FAILURE_KINDS: frozenset[str] = frozenset({"quota", "capacity", "server_error", "invalid"})
 LOST_RESPONSE_MODES: frozenset[str] = frozenset({"drop", "504"})
+# Whose creates lose_create_responses hits (one of them; servers unless it says otherwise).
+LOSABLE_CREATES: frozenset[str] = frozenset({"create_server", "create_server_group"})
 DOWN_MODES: frozenset[str] = frozenset({"503", "reset"})
 _TOP_LEVEL = frozenset(
     {
@@ -88,10 +90,12 @@ class Quota:
 
 @dataclass(slots=True)
 class Countdown:
-    """A fault that hits the next `count` matching requests; `what` is the kind or mode."""
+    """A fault that hits the next `count` matching requests; `what` is the kind or mode,
+    `endpoint` the create it hits (lose_create_responses)."""
 
     count: int
     what: str
+    endpoint: str = "create_server"
 
     def take(self) -> str | None:
         if self.count <= 0:
@@ -183,11 +187,11 @@ class Faults:
             body["zones_out_of_capacity"] = list(self.zones_out_of_capacity)
         if self.host_shortage is not None:
             body["host_shortage"] = self.host_shortage.to_json()
-        if self.lose_create_responses:
-            body["lose_create_responses"] = {
-                "count": self.lose_create_responses.count,
-                "mode": self.lose_create_responses.what,
-            }
+        lost = self.lose_create_responses
+        if lost:
+            body["lose_create_responses"] = {"count": lost.count, "mode": lost.what}
+            if lost.endpoint != "create_server":
+                body["lose_create_responses"]["endpoint"] = lost.endpoint
         if self.slow_deletes_seconds:
             body["slow_deletes_seconds"] = self.slow_deletes_seconds
         if self.down:
@@ -234,6 +238,7 @@ def parse_faults(body: Any, zones: tuple[str, ...]) -> Faults:
             "mode",
             LOST_RESPONSE_MODES,
             "drop",
+            endpoints=LOSABLE_CREATES,
         )
     faults.zones_out_of_capacity = _zones(
         obj.get("zones_out_of_capacity"), zones, "zones_out_of_capacity"
@@ -300,13 +305,27 @@ def _rate_limit(spec: Any, path: str) -> RateLimit:
 
 
 def _countdown(
-    spec: Any, path: str, what_key: str, choices: frozenset[str], default: str
+    spec: Any,
+    path: str,
+    what_key: str,
+    choices: frozenset[str],
+    default: str,
+    endpoints: frozenset[str] | None = None,
 ) -> Countdown:
-    obj = _object(spec, path, {"count", what_key})
+    keys = {"count", what_key} | ({"endpoint"} if endpoints else set())
+    obj = _object(spec, path, keys)
     what = obj.get(what_key, default)
     if what not in choices:
         raise FaultsError(f"{path}.{what_key}", f"got {what!r}, expected one of {sorted(choices)}")
-    return Countdown(count=_integer(obj.get("count", 1), f"{path}.count", 0, None), what=what)
+    countdown = Countdown(count=_integer(obj.get("count", 1), f"{path}.count", 0, None), what=what)
+    if endpoints:
+        endpoint = obj.get("endpoint", countdown.endpoint)
+        if endpoint not in endpoints:
+            raise FaultsError(
+                f"{path}.endpoint", f"got {endpoint!r}, expected one of {sorted(endpoints)}"
+            )
+        countdown.endpoint = endpoint
+    return countdown
 
 
 def _zones(value: Any, zones: tuple[str, ...], path: str) -> tuple[str, ...]:

@@ -3,10 +3,11 @@
 Reliability rules, in short:
 - GET, DELETE and PATCH of tags are idempotent: retried with full-jitter exponential backoff
   on 429 (with Retry-After as a floor), 500/502/503/504, connection errors and timeouts.
-- A create is never blindly re-sent. It is retried at once only when the API provably never
-  processed it (429, or no connection was ever made); after any other failure (timeout, lost
-  response, 5xx from a proxy) we first list servers by the create's unique request tag and
-  return the server if it exists; only a listing that proves absence allows a re-send.
+- A create (of a server or a server group) is never blindly re-sent. It is retried at once only
+  when the API provably never processed it (429, or no connection was ever made); after any
+  other failure (timeout, lost response, 5xx from a proxy) we first list servers (server
+  groups) by the create's unique request tag and return the one found; only a listing that
+  proves absence allows a re-send.
 - Every HTTP attempt passes the optional client-side token bucket; creates and deletes also
   hold a slot of a global concurrency bound for their whole duration.
 - The token only ever lives in the Authorization header; error texts are redacted.
@@ -20,10 +21,10 @@ import random
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -39,6 +40,7 @@ from cloudscale_autoscaler.cloud.models import (
     Network,
     Region,
     Server,
+    ServerGroup,
     ServerSpec,
     Subnet,
 )
@@ -50,6 +52,8 @@ from cloudscale_autoscaler.cloud.parse import (
     parse_networks,
     parse_regions,
     parse_server,
+    parse_server_group,
+    parse_server_groups,
     parse_subnets,
 )
 from cloudscale_autoscaler.cloud.ratelimit import (
@@ -65,13 +69,18 @@ logger = logging.getLogger(__name__)
 USER_AGENT = f"cloudscale-autoscaler/{__version__}"
 RequestObserver = Callable[[str, str, float], None]
 T = TypeVar("T")
+# What a create makes (and a listing by cluster returns): both carry tags.
+Made = TypeVar("Made", Server, ServerGroup)
 
 # Statuses worth another try for idempotent calls (a 500 may be a transient backend error).
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # No retry delay (backoff or Retry-After) ever exceeds this; adjustable per client instance.
 MAX_DELAY_SECONDS = 30.0
-# The lookup that resolves an uncertain create shows up under this operation name.
+# The lookups that resolve an uncertain create show up under these operation names.
 LOOKUP_OPERATION = "create_server_lookup"
+GROUP_LOOKUP_OPERATION = "create_server_group_lookup"
+# The only server group type the API offers.
+SERVER_GROUP_TYPE = "anti-affinity"
 # Raised before any byte of the request left: re-sending cannot duplicate anything.
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
@@ -82,10 +91,54 @@ class _Outcome(Enum):
     FINAL = "final"  # a definitive answer: do not retry
 
 
+@dataclass(frozen=True)
+class _Creatable(Generic[Made]):
+    """What creating one kind of object takes: its collection, how to read one and a listing
+    of them, and the operation names its requests show up under."""
+
+    what: str  # "server", "server group": for messages
+    path: str  # the collection: POST creates, GET lists (tag filters)
+    operation: str
+    lookup_operation: str
+    parse: Callable[[Any, str], Made]
+    parse_listing: Callable[[bytes, str], list[Made]]
+
+
+def _decode_server_groups(content: bytes, operation: str) -> list[ServerGroup]:
+    return decode(content, lambda body: parse_server_groups(body, operation))
+
+
+_SERVERS = _Creatable(
+    "server", "servers", "create_server", LOOKUP_OPERATION, parse_server, decode_servers
+)
+_SERVER_GROUPS = _Creatable(
+    "server group",
+    "server-groups",
+    "create_server_group",
+    GROUP_LOOKUP_OPERATION,
+    parse_server_group,
+    _decode_server_groups,
+)
+
+
 def _transport_error(exc: Exception, operation: str, secrets: tuple[str, ...]) -> CloudError:
     detail = redact(str(exc), secrets)
     what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
     return UnavailableError(f"no response ({what})", None, operation)
+
+
+def _of_cluster(listed: list[Made], cluster: str, what: str) -> list[Made]:
+    """The server-side tag filter is trusted for volume, not for correctness."""
+    mine = [item for item in listed if item.tags.get(TAG_CLUSTER) == cluster]
+    if len(mine) != len(listed):
+        logger.warning(
+            "cloudscale API returned %d %s not tagged %s=%s despite the tag filter; ignored them",
+            len(listed) - len(mine),
+            what,
+            TAG_CLUSTER,
+            cluster,
+        )
+    return mine
 
 
 def _check_options(
@@ -154,7 +207,7 @@ class CloudscaleClient:
         self.max_delay_seconds = MAX_DELAY_SECONDS
         self.flavor_ttl_seconds = flavor_ttl_seconds
         # Retries per operation name; a resolved lost create response also counts under
-        # "create_server_recovered".
+        # "create_server_recovered" ("create_server_group_recovered").
         self.retries: dict[str, int] = {}
         self._on_request = on_request
         self._secrets = (token,) if token else ()
@@ -224,22 +277,12 @@ class CloudscaleClient:
             operation, "GET", "servers", params={f"tag:{TAG_CLUSTER}": cluster}
         )
         servers = self._decode_servers(response, operation)
-        # The server-side filter is trusted for volume, not for correctness.
-        mine = [server for server in servers if server.tags.get(TAG_CLUSTER) == cluster]
-        if len(mine) != len(servers):
-            logger.warning(
-                "cloudscale API returned %d servers not tagged %s=%s despite the tag filter;"
-                " ignored them",
-                len(servers) - len(mine),
-                TAG_CLUSTER,
-                cluster,
-            )
-        return mine
+        return _of_cluster(servers, cluster, "servers")
 
     async def create_server(self, spec: ServerSpec) -> Server:
         body = self._create_body(spec)
         async with self.mutations:
-            return await self._create(body)
+            return await self._create(body, _SERVERS)
 
     async def set_tags(self, uuid: str, tags: dict[str, str]) -> None:
         if not uuid:
@@ -265,6 +308,44 @@ class CloudscaleClient:
             except NotFoundError:
                 # Already gone (possibly deleted by our own earlier, lost-response attempt).
                 logger.info("server %s was already deleted", uuid)
+
+    async def list_server_groups(self, cluster: str) -> list[ServerGroup]:
+        if not cluster:
+            raise ValueError("cluster: expected a non-empty cluster name")
+        operation = "list_server_groups"
+        response = await self._call(
+            operation, "GET", "server-groups", params={f"tag:{TAG_CLUSTER}": cluster}
+        )
+        groups = self._decode(response, operation, parse_server_groups)
+        return _of_cluster(groups, cluster, "server groups")
+
+    async def create_server_group(self, name: str, zone: str, tags: dict[str, str]) -> ServerGroup:
+        if not name:
+            raise ValueError("name: expected a non-empty server group name")
+        if not zone:
+            raise ValueError("zone: expected a zone slug (server groups are zonal)")
+        tags = dict(tags)
+        # As for servers: a lost response is resolved by listing groups by this tag.
+        if not tags.get(TAG_REQUEST):
+            tags[TAG_REQUEST] = uuidlib.uuid4().hex
+        body = {"name": name, "type": SERVER_GROUP_TYPE, "zone": zone, "tags": tags}
+        async with self.mutations:
+            return await self._create(body, _SERVER_GROUPS)
+
+    async def delete_server_group(self, uuid: str) -> None:
+        if not uuid:
+            raise ValueError("uuid: expected a server group UUID, got an empty string")
+        async with self.mutations:
+            try:
+                await self._call(
+                    "delete_server_group",
+                    "DELETE",
+                    f"server-groups/{quote(uuid, safe='')}",
+                    ok=(204, 200),
+                )
+            except NotFoundError:
+                # Already gone (possibly deleted by our own earlier, lost-response attempt).
+                logger.info("server group %s was already deleted", uuid)
 
     async def list_flavors(self) -> list[Flavor]:
         if self._flavors is not None and time.monotonic() < self._flavors_expire:
@@ -341,22 +422,23 @@ class CloudscaleClient:
             body["user_data"] = spec.user_data
         return body
 
-    async def _create(self, body: dict[str, Any]) -> Server:
-        operation = "create_server"
+    async def _create(self, body: dict[str, Any], kind: _Creatable[Made]) -> Made:
         request_id: str = body["tags"][TAG_REQUEST]
-        unsure = False  # an earlier attempt may have created the server
+        unsure = False  # an earlier attempt may have created it
         retry = 0
         while True:
             if unsure:
-                found = await self._lookup_created(request_id)
-                if isinstance(found, Server):
-                    return self._recovered(found, body)
-                if found is None:
+                found = await self._lookup_created(request_id, kind)
+                if isinstance(found, CloudError):
+                    pass  # still unsure
+                elif found is not None:
+                    return self._recovered(found, body, kind)
+                else:
                     unsure = False  # proven absent: re-sending cannot duplicate
             retry_after: float | None = None
             if not unsure:
-                result = await self._send_create(body)
-                if isinstance(result, Server):
+                result = await self._send_create(body, kind)
+                if not isinstance(result, tuple):
                     return result
                 error, outcome, retry_after = result
                 if outcome is _Outcome.FINAL:
@@ -366,21 +448,21 @@ class CloudscaleClient:
                 if unsure:
                     # Out of retries, but one last look can still turn a lost response
                     # into a success, or prove nothing was created.
-                    found = await self._lookup_created(request_id)
-                    if isinstance(found, Server):
-                        return self._recovered(found, body)
+                    found = await self._lookup_created(request_id, kind)
+                    if isinstance(found, CloudError):
+                        raise self._outcome_unknown(body, error, kind)
                     if found is not None:
-                        raise self._outcome_unknown(body, error)
+                        return self._recovered(found, body, kind)
                 raise error
             retry += 1
-            await self._pause(operation, retry, error, retry_after)
+            await self._pause(kind.operation, retry, error, retry_after)
 
     async def _send_create(
-        self, body: dict[str, Any]
-    ) -> Server | tuple[CloudError, _Outcome, float | None]:
-        operation = "create_server"
+        self, body: dict[str, Any], kind: _Creatable[Made]
+    ) -> Made | tuple[CloudError, _Outcome, float | None]:
+        operation = kind.operation
         try:
-            response = await self._attempt(operation, "POST", "servers", json_body=body)
+            response = await self._attempt(operation, "POST", kind.path, json_body=body)
         except _NEVER_SENT as exc:
             return _transport_error(exc, operation, self._secrets), _Outcome.REFUSED, None
         except httpx.RequestError as exc:
@@ -388,13 +470,13 @@ class CloudscaleClient:
         status = response.status_code
         if status in (200, 201):
             try:
-                server = self._decode(response, operation, parse_server)
+                made = self._decode(response, operation, kind.parse)
             except CloudError as exc:
                 # Created, but unreadable: the lookup by request tag can still find it.
                 return exc, _Outcome.UNSURE, None
-            if not server.tags:
-                server = replace(server, tags=dict(body["tags"]))
-            return server
+            if not made.tags:
+                made = replace(made, tags=dict(body["tags"]))
+            return made
         error = self._error(response, operation)
         if status == 429:
             return error, _Outcome.REFUSED, self._retry_after(response)
@@ -402,46 +484,55 @@ class CloudscaleClient:
             return error, _Outcome.UNSURE, None
         return error, _Outcome.FINAL, None
 
-    async def _lookup_created(self, request_id: str) -> Server | CloudError | None:
-        """One listing by request tag: the server, None if provably absent, or the error."""
+    async def _lookup_created(
+        self, request_id: str, kind: _Creatable[Made]
+    ) -> Made | CloudError | None:
+        """One listing by request tag: what the create made, None if provably absent, or the
+        error."""
+        operation = kind.lookup_operation
         try:
             response = await self._attempt(
-                LOOKUP_OPERATION, "GET", "servers", params={f"tag:{TAG_REQUEST}": request_id}
+                operation, "GET", kind.path, params={f"tag:{TAG_REQUEST}": request_id}
             )
         except httpx.RequestError as exc:
-            return _transport_error(exc, LOOKUP_OPERATION, self._secrets)
+            return _transport_error(exc, operation, self._secrets)
         if response.status_code != 200:
-            return self._error(response, LOOKUP_OPERATION)
+            return self._error(response, operation)
         try:
-            servers = self._decode_servers(response, LOOKUP_OPERATION)
+            listed = self._read(response, operation, lambda c: kind.parse_listing(c, operation))
         except CloudError as exc:
             return exc
-        matches = [s for s in servers if s.tags.get(TAG_REQUEST) == request_id]
+        matches = [m for m in listed if m.tags.get(TAG_REQUEST) == request_id]
         if len(matches) > 1:
             logger.error(
-                "create request %s produced %d servers: %s",
+                "create request %s produced %d %ss: %s",
                 request_id,
                 len(matches),
-                ", ".join(s.uuid for s in matches),
+                kind.what,
+                ", ".join(m.uuid for m in matches),
             )
         return matches[0] if matches else None
 
-    def _recovered(self, server: Server, body: dict[str, Any]) -> Server:
-        self.retries["create_server_recovered"] = self.retries.get("create_server_recovered", 0) + 1
+    def _recovered(self, made: Made, body: dict[str, Any], kind: _Creatable[Made]) -> Made:
+        counter = f"{kind.operation}_recovered"
+        self.retries[counter] = self.retries.get(counter, 0) + 1
         logger.warning(
-            "create of %s: response was lost but the server exists (%s); using it",
+            "create of %s: response was lost but the %s exists (%s); using it",
             body["name"],
-            server.uuid,
+            kind.what,
+            made.uuid,
         )
-        return server
+        return made
 
     @staticmethod
-    def _outcome_unknown(body: dict[str, Any], error: CloudError) -> UnavailableError:
+    def _outcome_unknown(
+        body: dict[str, Any], error: CloudError, kind: _Creatable[Made]
+    ) -> UnavailableError:
         return UnavailableError(
-            f"create of {body['name']}: outcome unknown, the server may exist with tag "
+            f"create of {body['name']}: outcome unknown, the {kind.what} may exist with tag "
             f"{TAG_REQUEST}={body['tags'][TAG_REQUEST]}; last error: {error.message}",
             error.status,
-            "create_server",
+            kind.operation,
         )
 
     # ---- the request machinery ----------------------------------------------------------

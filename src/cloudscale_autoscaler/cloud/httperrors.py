@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cloudscale_autoscaler.cloud.errors import (
     AuthenticationError,
     CapacityError,
     CloudError,
+    HostShortageError,
     InvalidRequestError,
     NotFoundError,
     QuotaExceededError,
     RateLimitedError,
+    ServerGroupFullError,
+    ServerGroupGoneError,
     UnavailableError,
 )
 
@@ -74,9 +78,37 @@ def api_message(body: bytes, reason: str = "", secrets: tuple[str, ...] = ()) ->
     return message
 
 
+# A create refused because of its server group, recognised by the API's wording (documented
+# assumption shared with the emulator, docs/emulator.md): a message line is about a server
+# group when its field is `server_groups` (DRF: "server_groups: ..." or "server_groups.0: ...")
+# or its text names a "server group"; such a line is one of these refusals by its words.
+_FIELD_LINE = re.compile(r"([A-Za-z0-9_.-]+): (.*)", re.DOTALL)
+_SERVER_GROUP_REFUSALS: tuple[tuple[re.Pattern[str], type[CloudError]], ...] = (
+    (re.compile(r"\bhosts?\b"), HostShortageError),
+    (re.compile(r"\bfull\b"), ServerGroupFullError),
+    (re.compile(r"\bdoes not exist\b|\bnot found\b"), ServerGroupGoneError),
+)
+
+
+def server_group_refusal(message: str) -> type[CloudError] | None:
+    """The class of a 4xx whose every line (api_message joins them with "; ") is about a server
+    group and one of which is recognised; None otherwise, e.g. when another field is refused
+    as well (then the request is invalid whatever happens to the group)."""
+    found: type[CloudError] | None = None
+    for line in message.split("; "):
+        field = _FIELD_LINE.fullmatch(line)
+        path, text = (field.group(1), field.group(2)) if field else ("", line)
+        text = text.lower()
+        if path.split(".")[0] != "server_groups" and "server group" not in text:
+            return None
+        if found is None:
+            found = next((cls for words, cls in _SERVER_GROUP_REFUSALS if words.search(text)), None)
+    return found
+
+
 def error_for_status(status: int, message: str, operation: str) -> CloudError:
-    """Classifies a non-2xx response. Quota/capacity are recognised by the API's wording
-    (documented assumption shared with the emulator)."""
+    """Classifies a non-2xx response. Quota, capacity and the server-group refusals are
+    recognised by the API's wording (documented assumption shared with the emulator)."""
     if status in (401, 403):
         return AuthenticationError(message, status, operation)
     if status == 404:
@@ -86,6 +118,9 @@ def error_for_status(status: int, message: str, operation: str) -> CloudError:
     if status >= 500:
         return UnavailableError(message, status, operation)
     if 400 <= status < 500:
+        refusal = server_group_refusal(message)
+        if refusal is not None:
+            return refusal(message, status, operation)
         lowered = message.lower()
         if "quota" in lowered:
             return QuotaExceededError(message, status, operation)

@@ -24,6 +24,7 @@ from cloudscale_autoscaler.cloud.models import (
     Network,
     Region,
     Server,
+    ServerGroup,
     Subnet,
 )
 
@@ -265,3 +266,24 @@ def parse_subnet(raw: Any, operation: str = "") -> Subnet:
 
 def parse_subnets(body: Any, operation: str = "") -> list[Subnet]:
     return [parse_subnet(raw, operation) for raw in _as_list(body, "subnets", operation)]
+
+
+def parse_server_group(raw: Any, operation: str = "") -> ServerGroup:
+    """A server group: its uuid is required; `servers` [{href, uuid, name}] gives the member
+    uuids (entries without one are skipped); tags as for servers."""
+    uuid = _required(raw, "uuid", "server group", operation)
+    zone = raw.get("zone")
+    tags = raw.get("tags")
+    return ServerGroup(
+        uuid=uuid,
+        name=str(raw.get("name") or ""),
+        zone=str(zone.get("slug") or "") if isinstance(zone, dict) else "",
+        servers=_uuids(raw.get("servers")),
+        tags=dict(tags) if isinstance(tags, dict) else {},
+    )
+
+
+def parse_server_groups(body: Any, operation: str = "") -> list[ServerGroup]:
+    return [
+        parse_server_group(raw, operation) for raw in _as_list(body, "server groups", operation)
+    ]

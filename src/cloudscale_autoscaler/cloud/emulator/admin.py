@@ -1,14 +1,15 @@
 """The admin API under /_emulator/: no auth, no faults, no statistics.
 
 Tests use it to arrange the cloud (servers outside any cluster, thousands of servers for
-benchmarks), to inject faults, and to check what happened (deletion log, request counts).
+benchmarks, server groups), to inject faults, and to check what happened (deletion log,
+request counts).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from cloudscale_autoscaler.cloud.emulator.api import STATE
+from cloudscale_autoscaler.cloud.emulator.api import STATE, non_empty_group_message
 from cloudscale_autoscaler.cloud.emulator.catalogue import ZONES
 from cloudscale_autoscaler.cloud.emulator.faults import Faults, parse_faults
 from cloudscale_autoscaler.cloud.emulator.responses import (
@@ -19,7 +20,11 @@ from cloudscale_autoscaler.cloud.emulator.responses import (
     no_content,
     read_json,
 )
-from cloudscale_autoscaler.cloud.emulator.validation import validate_create, validate_populate
+from cloudscale_autoscaler.cloud.emulator.validation import (
+    validate_create,
+    validate_populate,
+    validate_server_group_create,
+)
 
 PREFIX = "/_emulator"
 
@@ -29,6 +34,9 @@ def add_routes(app: web.Application) -> None:
     router.add_get(f"{PREFIX}/servers", servers)
     router.add_post(f"{PREFIX}/servers", create_server)
     router.add_delete(f"{PREFIX}/servers/{{uuid}}", delete_server)
+    router.add_get(f"{PREFIX}/server-groups", server_groups)
+    router.add_post(f"{PREFIX}/server-groups", create_server_group)
+    router.add_delete(f"{PREFIX}/server-groups/{{uuid}}", delete_server_group)
     router.add_get(f"{PREFIX}/user-data", user_data)
     router.add_post(f"{PREFIX}/populate", populate)
     router.add_get(f"{PREFIX}/deletions", deletions)
@@ -48,7 +56,7 @@ async def servers(request: web.Request) -> web.Response:
 async def create_server(request: web.Request) -> web.Response:
     """Like POST /v1/servers, bypassing faults and quota; "status" pins the status."""
     state = request.app[STATE]
-    new = validate_create(await read_json(request), state.member_count, allow_status=True)
+    new = validate_create(await read_json(request), state, allow_status=True)
     record = state.create(new)
     return json_bytes(state.render(record), 201)
 
@@ -56,6 +64,31 @@ async def create_server(request: web.Request) -> web.Response:
 async def delete_server(request: web.Request) -> web.Response:
     if not request.app[STATE].delete(request.match_info["uuid"], "admin"):
         raise detail(404, NOT_FOUND)
+    return no_content()
+
+
+async def server_groups(request: web.Request) -> web.Response:
+    """Every server group as the API lists it (no filter, no faults, not counted)."""
+    state = request.app[STATE]
+    state.purge()
+    return json_value([state.render_group(group) for group in state.server_groups.values()])
+
+
+async def create_server_group(request: web.Request) -> web.Response:
+    """Like POST /v1/server-groups, bypassing faults and statistics."""
+    state = request.app[STATE]
+    group = state.create_group(validate_server_group_create(await read_json(request)))
+    return json_value(state.render_group(group), 201)
+
+
+async def delete_server_group(request: web.Request) -> web.Response:
+    """Like DELETE /v1/server-groups/{uuid} (a group "deleted behind the provider's back")."""
+    ident = request.match_info["uuid"]
+    members = request.app[STATE].delete_group(ident)
+    if members is None:
+        raise detail(404, NOT_FOUND)
+    if members:
+        raise detail(400, non_empty_group_message(ident, members))
     return no_content()
 
 
@@ -69,7 +102,7 @@ async def user_data(request: web.Request) -> web.Response:
 
 async def populate(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    count, template = validate_populate(await read_json(request), state.member_count)
+    count, template = validate_populate(await read_json(request), state)
     return json_value({"uuids": state.populate(count, template)}, 201)
 
 

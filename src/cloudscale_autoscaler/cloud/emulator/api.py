@@ -1,8 +1,9 @@
 """The /v1 REST API: handlers plus the pipeline every /v1 request runs through.
 
 Pipeline order (each step can answer instead of the handler): down -> latency -> auth ->
-rate_limit -> error_rate -> handler. Create adds, after validation: fail_next_creates ->
-zones_out_of_capacity -> quota -> create -> lose_create_responses.
+rate_limit -> error_rate -> handler. A server create adds, after validation: fail_next_creates ->
+zones_out_of_capacity -> host_shortage (creates naming a server group) -> quota -> create ->
+lose_create_responses.
 """
 
 from __future__ import annotations
@@ -13,15 +14,13 @@ import hmac
 from aiohttp import web
 
 from cloudscale_autoscaler.cloud.emulator.catalogue import (
-    SERVER_GROUPS,
     FlavorSpec,
     flavors_body,
-    href,
     images_body,
     regions_body,
 )
 from cloudscale_autoscaler.cloud.emulator.networks import networks_json, subnets_json
-from cloudscale_autoscaler.cloud.emulator.records import ServerRecord
+from cloudscale_autoscaler.cloud.emulator.records import ServerGroupRecord, ServerRecord
 from cloudscale_autoscaler.cloud.emulator.responses import (
     NOT_FOUND,
     ApiError,
@@ -41,6 +40,8 @@ from cloudscale_autoscaler.cloud.emulator.validation import (
     NewServer,
     validate_create,
     validate_patch,
+    validate_server_group_create,
+    validate_server_group_patch,
 )
 
 STATE = web.AppKey("emulator_state", EmulatorState)
@@ -74,6 +75,12 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/images", list_images, name="list_images")
     app.router.add_get("/v1/regions", list_regions, name="list_regions")
     app.router.add_get("/v1/server-groups", list_server_groups, name="list_server_groups")
+    app.router.add_post("/v1/server-groups", create_server_group, name="create_server_group")
+    app.router.add_get("/v1/server-groups/{uuid}", get_server_group, name="get_server_group")
+    app.router.add_patch("/v1/server-groups/{uuid}", patch_server_group, name="patch_server_group")
+    app.router.add_delete(
+        "/v1/server-groups/{uuid}", delete_server_group, name="delete_server_group"
+    )
     app.router.add_get("/v1/networks", list_networks, name="list_networks")
     app.router.add_get("/v1/subnets", list_subnets, name="list_subnets")
 
@@ -198,17 +205,27 @@ async def get_server(request: web.Request) -> web.Response:
 
 async def create_server(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    new = validate_create(await read_json(request), state.member_count)
+    new = validate_create(await read_json(request), state)
     _refuse_create(state, new)
     record = state.create(new)
+    lost = _lose_response(request, state, "create_server")
+    if lost is not None:
+        return lost
+    # The real API answers before the server has booted.
+    return json_bytes(state.render(record, "changing"), 201)
+
+
+def _lose_response(
+    request: web.Request, state: EmulatorState, endpoint: str
+) -> web.Response | None:
+    """The lose_create_responses fault, after a create (of `endpoint`) was carried out."""
     lost = state.faults.lose_create_responses
-    mode = lost.take() if lost else None
+    mode = lost.take() if lost is not None and lost.endpoint == endpoint else None
     if mode == "drop":
         return drop_connection(request, reset=False)
     if mode == "504":
         return web.Response(status=504, body=_GATEWAY_TIMEOUT_HTML, content_type="text/html")
-    # The real API answers before the server has booted.
-    return json_bytes(state.render(record, "changing"), 201)
+    return None
 
 
 def _refuse_create(state: EmulatorState, new: NewServer) -> None:
@@ -220,6 +237,9 @@ def _refuse_create(state: EmulatorState, new: NewServer) -> None:
         raise detail(400, "Quota exceeded: emulated failure (fail_next_creates).")
     if kind == "capacity" or new.zone in faults.zones_out_of_capacity:
         raise detail(400, capacity_message(new.zone, new.flavor))
+    shortage = faults.host_shortage
+    if new.server_groups and shortage is not None and shortage.take(new.zone):
+        raise detail(400, host_shortage_message(new.zone, new.server_groups[0].uuid))
     if kind == "server_error":
         raise detail(500, _ERROR_DETAILS[500])
     if kind == "invalid":
@@ -231,6 +251,15 @@ def _refuse_create(state: EmulatorState, new: NewServer) -> None:
 
 def capacity_message(zone: str, flavor: FlavorSpec) -> str:
     return f"Insufficient capacity in zone {zone} for flavor {flavor.slug}."
+
+
+def host_shortage_message(zone: str, group_uuid: str) -> str:
+    """No host can take one more member of the group (the client recognises "host" in a
+    message about a server group, see docs/emulator.md)."""
+    return (
+        f"No distinct host available in zone {zone} for server group {group_uuid}: every host "
+        "with room already runs one of its servers."
+    )
 
 
 def quota_problem(state: EmulatorState, flavor: FlavorSpec) -> str | None:
@@ -268,6 +297,61 @@ async def patch_server(request: web.Request) -> web.Response:
     return no_content()
 
 
+# ---- server groups -------------------------------------------------------------------------
+
+
+async def list_server_groups(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    groups = state.matching_groups(tag_filters(request))
+    return json_value([state.render_group(group) for group in groups])
+
+
+def _server_group(request: web.Request) -> ServerGroupRecord:
+    group = request.app[STATE].server_group(request.match_info["uuid"])
+    if group is None:
+        raise detail(404, NOT_FOUND)
+    return group
+
+
+async def create_server_group(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    group = state.create_group(validate_server_group_create(await read_json(request)))
+    lost = _lose_response(request, state, "create_server_group")
+    if lost is not None:
+        return lost
+    return json_value(state.render_group(group), 201)
+
+
+async def get_server_group(request: web.Request) -> web.Response:
+    return json_value(request.app[STATE].render_group(_server_group(request)))
+
+
+async def patch_server_group(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    group = _server_group(request)
+    patch = validate_server_group_patch(await read_json(request))
+    if patch.tags is not None:
+        group.tags = dict(patch.tags)
+    if patch.name is not None:
+        state.rename_group(group, patch.name)
+    return no_content()
+
+
+async def delete_server_group(request: web.Request) -> web.Response:
+    ident = request.match_info["uuid"]
+    members = request.app[STATE].delete_group(ident)
+    if members is None:
+        raise detail(404, NOT_FOUND)
+    if members:
+        raise detail(400, non_empty_group_message(ident, members))
+    return no_content()
+
+
+def non_empty_group_message(ident: str, members: int) -> str:
+    servers = "server" if members == 1 else "servers"
+    return f"Cannot delete server group {ident}: it still has {members} {servers}."
+
+
 # ---- catalogue -----------------------------------------------------------------------------
 
 
@@ -281,26 +365,6 @@ async def list_images(request: web.Request) -> web.Response:
 
 async def list_regions(request: web.Request) -> web.Response:
     return json_bytes(_CATALOGUE["regions"])
-
-
-async def list_server_groups(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    base = state.base
-    return json_value(
-        [
-            {
-                **group.stub(base),
-                "type": "anti-affinity",
-                "servers": [
-                    {"href": href(base, "servers", r.uuid), "uuid": r.uuid, "name": r.name}
-                    for r in state.group_members(group.uuid)
-                ],
-                "zone": {"slug": group.zone},
-                "tags": {},
-            }
-            for group in SERVER_GROUPS.values()
-        ]
-    )
 
 
 async def list_networks(request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""The emulator's fixed catalogue: zones, flavors, images, server groups and networks.
+"""The emulator's fixed catalogue: zones, flavors, images, networks and the server groups it
+starts with.
 
 Flavor sizes come from the slug (flex-<mem>-<vcpu>, plus-<mem>-<vcpu>,
 gpu2-<mem>-<vcpu>-<gpus>-<disk>) so the numbers can never disagree with the names. Which flavor
@@ -174,19 +175,15 @@ IMAGES: dict[str, ImageSpec] = {
 
 @dataclass(frozen=True, slots=True)
 class ServerGroupSpec:
+    """A server group the emulator starts with (and gets back on reset)."""
+
     uuid: str
     name: str
     zone: str
 
-    def stub(self, base: str) -> dict[str, str]:
-        return {
-            "href": href(base, "server-groups", self.uuid),
-            "uuid": self.uuid,
-            "name": self.name,
-        }
 
-
-# Fixed uuids so tests and configs can name them; documented in docs/emulator.md.
+# Present from the start, with fixed uuids so tests and configs can name them; documented in
+# docs/emulator.md. More groups are created (and these deleted) through /v1/server-groups.
 SERVER_GROUPS: dict[str, ServerGroupSpec] = {
     group.uuid: group
     for group in [

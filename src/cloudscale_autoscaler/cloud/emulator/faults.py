@@ -25,6 +25,10 @@ ENDPOINTS: frozenset[str] = frozenset(
         "list_images",
         "list_regions",
         "list_server_groups",
+        "create_server_group",
+        "get_server_group",
+        "patch_server_group",
+        "delete_server_group",
         "list_networks",
         "list_subnets",
         "*",
@@ -32,6 +36,8 @@ ENDPOINTS: frozenset[str] = frozenset(
 )
 CREATE_FAILURE_KINDS: frozenset[str] = frozenset({"quota", "capacity", "server_error", "invalid"})
 LOST_RESPONSE_MODES: frozenset[str] = frozenset({"drop", "504"})
+# Whose creates lose_create_responses hits (one of them; servers unless it says otherwise).
+LOSABLE_CREATES: frozenset[str] = frozenset({"create_server", "create_server_group"})
 DOWN_MODES: frozenset[str] = frozenset({"503", "reset"})
 _TOP_LEVEL = frozenset(
     {
@@ -41,6 +47,7 @@ _TOP_LEVEL = frozenset(
         "quota",
         "fail_next_creates",
         "zones_out_of_capacity",
+        "host_shortage",
         "lose_create_responses",
         "slow_deletes_seconds",
         "down",
@@ -83,16 +90,46 @@ class Quota:
 
 @dataclass(slots=True)
 class Countdown:
-    """A fault that hits the next `count` matching requests; `what` is the kind or mode."""
+    """A fault that hits the next `count` matching requests; `what` is the kind or mode,
+    `endpoint` the create it hits (lose_create_responses)."""
 
     count: int
     what: str
+    endpoint: str = "create_server"
 
     def take(self) -> str | None:
         if self.count <= 0:
             return None
         self.count -= 1
         return self.what
+
+
+@dataclass(slots=True)
+class HostShortage:
+    """No host left for one more member of a server group: server creates that name a server
+    group, in `zones` (every zone when empty), are refused; with `count`, only the next
+    `count` of them."""
+
+    zones: tuple[str, ...] = ()
+    count: int | None = None
+
+    def take(self, zone: str) -> bool:
+        if self.zones and zone not in self.zones:
+            return False
+        if self.count is None:
+            return True
+        if self.count <= 0:
+            return False
+        self.count -= 1
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if self.zones:
+            body["zones"] = list(self.zones)
+        if self.count is not None:
+            body["count"] = self.count
+        return body
 
 
 @dataclass(slots=True)
@@ -103,6 +140,7 @@ class Faults:
     quota: Quota | None = None
     fail_next_creates: Countdown | None = None
     zones_out_of_capacity: tuple[str, ...] = ()
+    host_shortage: HostShortage | None = None
     lose_create_responses: Countdown | None = None
     slow_deletes_seconds: float = 0.0
     down: str | None = None  # "503" | "reset"
@@ -147,11 +185,13 @@ class Faults:
             }
         if self.zones_out_of_capacity:
             body["zones_out_of_capacity"] = list(self.zones_out_of_capacity)
-        if self.lose_create_responses:
-            body["lose_create_responses"] = {
-                "count": self.lose_create_responses.count,
-                "mode": self.lose_create_responses.what,
-            }
+        if self.host_shortage is not None:
+            body["host_shortage"] = self.host_shortage.to_json()
+        lost = self.lose_create_responses
+        if lost:
+            body["lose_create_responses"] = {"count": lost.count, "mode": lost.what}
+            if lost.endpoint != "create_server":
+                body["lose_create_responses"]["endpoint"] = lost.endpoint
         if self.slow_deletes_seconds:
             body["slow_deletes_seconds"] = self.slow_deletes_seconds
         if self.down:
@@ -198,8 +238,18 @@ def parse_faults(body: Any, zones: tuple[str, ...]) -> Faults:
             "mode",
             LOST_RESPONSE_MODES,
             "drop",
+            endpoints=LOSABLE_CREATES,
         )
-    faults.zones_out_of_capacity = _zones(obj.get("zones_out_of_capacity"), zones)
+    faults.zones_out_of_capacity = _zones(
+        obj.get("zones_out_of_capacity"), zones, "zones_out_of_capacity"
+    )
+    if obj.get("host_shortage") is not None:
+        shortage = _object(obj["host_shortage"], "host_shortage", {"zones", "count"})
+        count = shortage.get("count")
+        faults.host_shortage = HostShortage(
+            zones=_zones(shortage.get("zones"), zones, "host_shortage.zones"),
+            count=None if count is None else _integer(count, "host_shortage.count", 0, None),
+        )
     faults.slow_deletes_seconds = _number(
         obj.get("slow_deletes_seconds", 0), "slow_deletes_seconds", 0, None
     )
@@ -255,19 +305,32 @@ def _rate_limit(spec: Any, path: str) -> RateLimit:
 
 
 def _countdown(
-    spec: Any, path: str, what_key: str, choices: frozenset[str], default: str
+    spec: Any,
+    path: str,
+    what_key: str,
+    choices: frozenset[str],
+    default: str,
+    endpoints: frozenset[str] | None = None,
 ) -> Countdown:
-    obj = _object(spec, path, {"count", what_key})
+    keys = {"count", what_key} | ({"endpoint"} if endpoints else set())
+    obj = _object(spec, path, keys)
     what = obj.get(what_key, default)
     if what not in choices:
         raise FaultsError(f"{path}.{what_key}", f"got {what!r}, expected one of {sorted(choices)}")
-    return Countdown(count=_integer(obj.get("count", 1), f"{path}.count", 0, None), what=what)
+    countdown = Countdown(count=_integer(obj.get("count", 1), f"{path}.count", 0, None), what=what)
+    if endpoints:
+        endpoint = obj.get("endpoint", countdown.endpoint)
+        if endpoint not in endpoints:
+            raise FaultsError(
+                f"{path}.endpoint", f"got {endpoint!r}, expected one of {sorted(endpoints)}"
+            )
+        countdown.endpoint = endpoint
+    return countdown
 
 
-def _zones(value: Any, zones: tuple[str, ...]) -> tuple[str, ...]:
+def _zones(value: Any, zones: tuple[str, ...], path: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    path = "zones_out_of_capacity"
     if not isinstance(value, list):
         raise FaultsError(path, "expected a list of zone slugs")
     for zone in value:

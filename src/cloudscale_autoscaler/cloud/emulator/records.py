@@ -1,4 +1,4 @@
-"""One emulated server and its wire JSON.
+"""One emulated server and its wire JSON; one emulated server group.
 
 The JSON is rendered lazily and cached (per status and base URL), so listing thousands of
 servers costs one bytes join, and bulk-populating them costs no JSON work at all. Anything that
@@ -19,7 +19,6 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import (
     FlavorSpec,
     ImageSpec,
     NetworkSpec,
-    ServerGroupSpec,
     derived_uuid,
     encode,
     href,
@@ -28,6 +27,41 @@ from cloudscale_autoscaler.cloud.emulator.networks import Attached
 
 # Host numbers wrap within the /16 subnets; addresses are decoration, never looked up.
 _HOSTS_PER_SUBNET = 65_000
+SERVER_GROUP_TYPE = "anti-affinity"
+
+
+@dataclass(slots=True, eq=False)
+class ServerGroupRecord:
+    """An anti-affinity server group. Its members are the servers created with it in their
+    `server_groups` (the state's index); a member shows the group's current name, so renaming
+    a group must touch() its members."""
+
+    uuid: str
+    name: str
+    zone: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def stub(self, base: str) -> dict[str, str]:
+        """The group as embedded in a server object."""
+        return {
+            "href": href(base, "server-groups", self.uuid),
+            "uuid": self.uuid,
+            "name": self.name,
+        }
+
+    def to_json(self, base: str, members: list[ServerRecord]) -> dict[str, Any]:
+        return {
+            "href": href(base, "server-groups", self.uuid),
+            "uuid": self.uuid,
+            "name": self.name,
+            "type": SERVER_GROUP_TYPE,
+            "servers": [
+                {"href": href(base, "servers", m.uuid), "uuid": m.uuid, "name": m.name}
+                for m in members
+            ],
+            "zone": {"slug": self.zone},
+            "tags": dict(self.tags),
+        }
 
 
 @dataclass(slots=True, eq=False)
@@ -46,7 +80,7 @@ class ServerRecord:
     use_ipv6: bool = True
     interfaces: tuple[Attached, ...] | None = None  # from the request; None: use_* flags
     ssh_keys: tuple[str, ...] = ()
-    server_groups: tuple[ServerGroupSpec, ...] = ()
+    server_groups: tuple[ServerGroupRecord, ...] = ()
     tags: dict[str, str] = field(default_factory=dict)
     user_data: str | None = None
     fixed_status: str | None = None  # set by the admin API; never changes by itself

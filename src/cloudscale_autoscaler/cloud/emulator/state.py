@@ -1,5 +1,5 @@
-"""The emulator's in-memory store: servers with tag and server-group indexes, pending
-deletions, the deletion log, request statistics, the fault set and the seeded RNG.
+"""The emulator's in-memory store: servers with tag and server-group indexes, server groups,
+pending deletions, the deletion log, request statistics, the fault set and the seeded RNG.
 
 Everything here is synchronous and runs on the event loop, so no request can observe a
 half-applied change.
@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from cloudscale_autoscaler.cloud.emulator.catalogue import SERVER_GROUPS
 from cloudscale_autoscaler.cloud.emulator.faults import Faults
-from cloudscale_autoscaler.cloud.emulator.records import ServerRecord
-from cloudscale_autoscaler.cloud.emulator.validation import NewServer
+from cloudscale_autoscaler.cloud.emulator.records import ServerGroupRecord, ServerRecord
+from cloudscale_autoscaler.cloud.emulator.validation import NewServer, NewServerGroup
 
 TagFilter = tuple[str, str]  # (key, value); an empty value means "has the key"
 
@@ -60,9 +61,12 @@ class EmulatorState:
         self.clock = clock
         self.base = "http://127.0.0.1/v1"  # replaced by Emulator.start with the real URL
         self.servers: dict[str, ServerRecord] = {}
-        # Server uuids are deterministic too, and never repeat within one emulator's life
-        # (reset does not rewind them: a client must never see a deleted uuid come back).
+        self.server_groups: dict[str, ServerGroupRecord] = {}  # in creation order
+        # Server (and server group) uuids are deterministic too, and never repeat within one
+        # emulator's life (reset does not rewind them: a client must never see a deleted uuid
+        # come back).
         self._ids = random.Random(f"server-uuids:{seed}")
+        self._group_ids = random.Random(f"server-group-uuids:{seed}")
         self._seq = itertools.count(1)
         self._by_tag = _Index()  # (key, value) -> uuids
         self._by_key = _Index()  # key -> uuids
@@ -77,10 +81,14 @@ class EmulatorState:
         self.reset()
 
     def reset(self) -> None:
-        """Forget servers, faults, logs and stats; rewind the fault RNG to the seed."""
+        """Forget servers, faults, logs and stats; rewind the fault RNG to the seed; back to the
+        server groups of the start (SERVER_GROUPS, empty and untagged)."""
         for ident in list(self.servers):
             self._remove(ident)
         self._pending_deletes.clear()
+        self.server_groups = {}
+        for spec in SERVER_GROUPS.values():
+            self._add_group(spec.uuid, spec.name, spec.zone, {})
         self.rng = random.Random(self.seed)
         self.set_faults(Faults())
         self.deletions: list[dict[str, Any]] = []
@@ -111,15 +119,32 @@ class EmulatorState:
         smallest = min(buckets, key=len)
         records = [self.servers[ident] for ident in smallest]
         if len(filters) > 1:
-            records = [r for r in records if all(_has_tag(r, f) for f in filters)]
+            records = [r for r in records if all(_has_tag(r.tags, f) for f in filters)]
         records.sort(key=lambda r: r.seq)
         return records
 
     def group_members(self, group_uuid: str) -> list[ServerRecord]:
+        """A server group's servers in creation order, including ones whose deletion still
+        lingers (they occupy their host until they are gone)."""
         return [self.servers[ident] for ident in self._by_group.get(group_uuid)]
 
     def member_count(self, group_uuid: str) -> int:
         return len(self._by_group.get(group_uuid))
+
+    def server_group(self, uuid: str) -> ServerGroupRecord | None:
+        return self.server_groups.get(uuid)
+
+    def matching_groups(self, filters: list[TagFilter]) -> list[ServerGroupRecord]:
+        """Server groups carrying every filter's tag (ANDed, as for servers), in creation
+        order. Groups are few: a plain scan."""
+        return [
+            group
+            for group in self.server_groups.values()
+            if all(_has_tag(group.tags, f) for f in filters)
+        ]
+
+    def render_group(self, group: ServerGroupRecord) -> dict[str, Any]:
+        return group.to_json(self.base, self.group_members(group.uuid))
 
     def vcpus_in_use(self) -> int:
         return sum(r.flavor.vcpu_count for r in self.servers.values())
@@ -164,6 +189,25 @@ class EmulatorState:
             record.name = f"{prefix}-{record.seq}"
             uuids.append(record.uuid)
         return uuids
+
+    def create_group(self, new: NewServerGroup) -> ServerGroupRecord:
+        ident = str(uuid.UUID(int=self._group_ids.getrandbits(128), version=4))
+        return self._add_group(ident, new.name, new.zone, new.tags)
+
+    def rename_group(self, group: ServerGroupRecord, name: str) -> None:
+        group.name = name
+        for member in self.group_members(group.uuid):  # they show the group's name
+            member.touch()
+
+    def delete_group(self, ident: str) -> int | None:
+        """Delete an empty server group: None if there is no such group, else the number of
+        servers it still has (0: deleted; more: refused, nothing changed)."""
+        if ident not in self.server_groups:
+            return None
+        members = self.member_count(ident)
+        if not members:
+            del self.server_groups[ident]
+        return members
 
     def set_tags(self, record: ServerRecord, tags: dict[str, str]) -> None:
         self._unindex_tags(record)
@@ -222,6 +266,13 @@ class EmulatorState:
         for group in record.server_groups:
             self._by_group.discard(group.uuid, ident)
 
+    def _add_group(
+        self, ident: str, name: str, zone: str, tags: dict[str, str]
+    ) -> ServerGroupRecord:
+        group = ServerGroupRecord(ident, name, zone, dict(tags))
+        self.server_groups[ident] = group
+        return group
+
     def _index_tags(self, record: ServerRecord) -> None:
         for item in record.tags.items():
             self._by_tag.add(item, record.uuid)
@@ -233,6 +284,6 @@ class EmulatorState:
             self._by_key.discard(item[0], record.uuid)
 
 
-def _has_tag(record: ServerRecord, tag: TagFilter) -> bool:
+def _has_tag(tags: dict[str, str], tag: TagFilter) -> bool:
     key, value = tag
-    return record.tags.get(key) == value if value else key in record.tags
+    return tags.get(key) == value if value else key in tags

@@ -8,9 +8,8 @@ where one exists; the others are the emulator's own wording (see docs/emulator.m
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cloudscale_autoscaler.cloud.emulator.catalogue import (
     DEFAULT_ZONE,
@@ -18,14 +17,13 @@ from cloudscale_autoscaler.cloud.emulator.catalogue import (
     IMAGES,
     MAX_SERVERS_PER_GROUP,
     MIN_VOLUME_SIZE_GB,
-    SERVER_GROUPS,
     STATUSES,
     ZONES,
     FlavorSpec,
     ImageSpec,
-    ServerGroupSpec,
 )
 from cloudscale_autoscaler.cloud.emulator.networks import Attached, validate_interfaces
+from cloudscale_autoscaler.cloud.emulator.records import SERVER_GROUP_TYPE, ServerGroupRecord
 
 REQUIRED = "This field is required."
 NOT_NULL = "This field may not be null."
@@ -37,6 +35,24 @@ NOT_INTEGER = "A valid integer is required."
 T = TypeVar("T")
 MAX_POPULATE = 100_000
 POPULATE_DEFAULTS = {"flavor": "flex-4-2", "image": "debian-12", "status": "running"}
+
+
+class ServerGroups(Protocol):
+    """The server groups a create request may name (the emulator's state)."""
+
+    def server_group(self, uuid: str) -> ServerGroupRecord | None: ...
+
+    def member_count(self, uuid: str) -> int: ...
+
+
+def group_full_message(uuid: str) -> str:
+    """A create naming a group that holds MAX_SERVERS_PER_GROUP servers already (field
+    `server_groups`; the client recognises "full", see docs/emulator.md)."""
+    return (
+        f"Server group {uuid} is full: it already has {MAX_SERVERS_PER_GROUP} servers, "
+        "the most an anti-affinity group may hold."
+    )
+
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -73,7 +89,7 @@ class NewServer:
     zone: str
     volume_size_gb: int = MIN_VOLUME_SIZE_GB
     ssh_keys: tuple[str, ...] = ()
-    server_groups: tuple[ServerGroupSpec, ...] = ()
+    server_groups: tuple[ServerGroupRecord, ...] = ()
     use_public_network: bool = True
     use_private_network: bool = False
     use_ipv6: bool = True
@@ -197,10 +213,8 @@ class _Checker:
             raise FieldErrors(self.errors)
 
 
-def validate_create(
-    body: Any, members: Callable[[str], int], *, allow_status: bool = False
-) -> NewServer:
-    """Check a POST /v1/servers body. `members(group_uuid)` counts a server group's servers."""
+def validate_create(body: Any, groups: ServerGroups, *, allow_status: bool = False) -> NewServer:
+    """Check a POST /v1/servers body; `groups` resolves and counts the server groups named."""
     check = _Checker(body)
     name = check.host_name(required=True)
     flavor = check.slug("flavor", FLAVORS, required=True)
@@ -210,7 +224,7 @@ def validate_create(
         check.fail("flavor", f"Flavor {flavor.slug} is not available in zone {zone}.")
     if image is not None and zone and zone not in image.zones:
         check.fail("image", f"Image {image.slug} is not available in zone {zone}.")
-    groups = _server_groups(check, zone, members)
+    members_of = _server_groups(check, zone, groups)
     interface_errors, interfaces = validate_interfaces(check.body, zone)
     if interface_errors:
         check.errors["interfaces"] = interface_errors
@@ -237,7 +251,7 @@ def validate_create(
         flavor=flavor,
         image=image,
         zone=zone,
-        server_groups=groups,
+        server_groups=members_of,
         status=status,
         **options,
     )
@@ -252,11 +266,11 @@ def _user_data(check: _Checker) -> str | None:
 
 
 def _server_groups(
-    check: _Checker, zone: str, members: Callable[[str], int]
-) -> tuple[ServerGroupSpec, ...]:
-    groups: list[ServerGroupSpec] = []
+    check: _Checker, zone: str, groups: ServerGroups
+) -> tuple[ServerGroupRecord, ...]:
+    found: list[ServerGroupRecord] = []
     for ident in check.string_list("server_groups"):
-        group = SERVER_GROUPS.get(ident)
+        group = groups.server_group(ident)
         if group is None:
             check.fail("server_groups", f"Object with uuid={ident} does not exist.")
         elif zone and group.zone != zone:
@@ -264,18 +278,14 @@ def _server_groups(
                 "server_groups",
                 f"Server group {ident} is in zone {group.zone}, not in zone {zone}.",
             )
-        elif members(ident) >= MAX_SERVERS_PER_GROUP:
-            check.fail(
-                "server_groups",
-                f"Server group {ident} already has {MAX_SERVERS_PER_GROUP} servers, "
-                "the most an anti-affinity group may hold.",
-            )
+        elif groups.member_count(ident) >= MAX_SERVERS_PER_GROUP:
+            check.fail("server_groups", group_full_message(ident))
         else:
-            groups.append(group)
-    return tuple(groups)
+            found.append(group)
+    return tuple(found)
 
 
-def validate_populate(body: Any, members: Callable[[str], int]) -> tuple[int, NewServer]:
+def validate_populate(body: Any, groups: ServerGroups) -> tuple[int, NewServer]:
     """POST /_emulator/populate: a count plus a create body whose name is `name_prefix`
     (default "populated"), with POPULATE_DEFAULTS for flavor, image and status."""
     check = _Checker(body)
@@ -288,7 +298,7 @@ def validate_populate(body: Any, members: Callable[[str], int]) -> tuple[int, Ne
     for key, default in POPULATE_DEFAULTS.items():
         template_body.setdefault(key, default)
     try:
-        template = validate_create(template_body, members, allow_status=True)
+        template = validate_create(template_body, groups, allow_status=True)
     except FieldErrors as exc:
         for key, messages in exc.errors.items():
             for message in messages:
@@ -310,3 +320,43 @@ def validate_patch(body: Any) -> ServerPatch:
     tags = check.tags()
     check.done()
     return ServerPatch(name=name, tags=tags)
+
+
+@dataclass
+class NewServerGroup:
+    """A validated POST /v1/server-groups body."""
+
+    name: str
+    zone: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def validate_server_group_create(body: Any) -> NewServerGroup:
+    """POST /v1/server-groups: `name` and `type` required (only "anti-affinity"), `zone`
+    (DEFAULT_ZONE when absent) and `tags` optional; other fields are ignored."""
+    check = _Checker(body)
+    name = check.string("name", required=True)
+    kind = check.string("type", required=True)
+    if kind is not None and kind != SERVER_GROUP_TYPE:
+        check.fail("type", f'"{kind}" is not a valid choice.')
+    zone = check.zone()
+    tags = check.tags() or {}
+    check.done()
+    assert name is not None  # no errors, so it was found
+    return NewServerGroup(name=name, zone=zone, tags=tags)
+
+
+@dataclass
+class ServerGroupPatch:
+    name: str | None
+    tags: dict[str, str] | None
+
+
+def validate_server_group_patch(body: Any) -> ServerGroupPatch:
+    """PATCH /v1/server-groups/{uuid}: `name` and `tags` (replacing the whole object); the
+    type and the zone cannot change, those and other fields are ignored."""
+    check = _Checker(body)
+    name = check.string("name")
+    tags = check.tags()
+    check.done()
+    return ServerGroupPatch(name=name, tags=tags)

@@ -85,3 +85,13 @@ async def test_a_slot_resolves_to_the_created_group() -> None:
     slot.pending.created.set_result("made")
     assert await asyncio.wait_for(slot.resolve(), 1) == "made"
     assert MAX_MEMBERS == 4
+
+
+async def test_a_group_being_created_is_filled_before_another_is_made() -> None:
+    """Scale-ups that come while a server group is being created go into it too."""
+    placement = Placement("lpg1")
+    first = placement.assign(1, {}, "p")
+    placed = placement.placed((slot, None) for slot in first)
+    second = placement.assign(4, placed, "p")
+    assert where(first + second) == ["new0"] * 4 + ["new1"]
+    assert placement.count == 2

@@ -25,7 +25,7 @@ from cloudscale_autoscaler.config import NodeGroupConfig
 from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
-from cloudscale_autoscaler.engine.placement import Placement
+from cloudscale_autoscaler.engine.placement import Placed, Placement
 from cloudscale_autoscaler.engine.providerid import (
     parse_placeholder_id,
     parse_server_uuid,
@@ -222,7 +222,7 @@ class GroupState:
 
     # --- anti-affinity server groups ----------------------------------------------------------
 
-    def placed(self) -> dict[str, int]:
+    def placed(self) -> Placed:
         """Creations placed per managed server group and not yet listed as its members."""
         if self.placement is None:
             return {}

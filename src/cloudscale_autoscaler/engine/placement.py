@@ -69,6 +69,25 @@ class Slot:
             self.uuid = await asyncio.shield(self.pending.created)
         return self.uuid
 
+    @property
+    def target(self) -> str | PendingGroup | None:
+        """The server group's uuid if known by now, else the one being created (None: its
+        creation failed)."""
+        if self.uuid is not None or self.pending is None:
+            return self.uuid
+        created = self.pending.created
+        if not created.done():
+            return self.pending
+        return None if created.exception() else created.result()
+
+
+# Creations placed per server group: by uuid, or the PendingGroup being created.
+Placed = dict[str | PendingGroup, int]
+
+
+def _slot(target: str | PendingGroup) -> Slot:
+    return Slot(pending=target) if isinstance(target, PendingGroup) else Slot(uuid=target)
+
 
 @dataclass
 class Placement:
@@ -90,36 +109,39 @@ class Placement:
         self.full.clear()
         self.deleting &= self.known.keys()
 
-    def placed(self, slots: Iterable[tuple[Slot, str | None]]) -> dict[str, int]:
-        """Creations placed per known server group and not yet listed as its members, from
-        each creation's (slot, server uuid once acknowledged)."""
-        counts: dict[str, int] = {}
+    def placed(self, slots: Iterable[tuple[Slot, str | None]]) -> Placed:
+        """Creations placed per server group (known, or being created) and not yet listed as
+        its members, from each creation's (slot, server uuid once acknowledged)."""
+        counts: Placed = {}
         for slot, server in slots:
-            group = self.known.get(slot.uuid or "")
-            if group is not None and server not in group.servers:
-                counts[group.uuid] = counts.get(group.uuid, 0) + 1
+            target = slot.target
+            group = self.known.get(target) if isinstance(target, str) else None
+            if isinstance(target, PendingGroup) or (group and server not in group.servers):
+                assert target is not None
+                counts[target] = counts.get(target, 0) + 1
         return counts
 
-    def assign(self, count: int, placed: dict[str, int], new_name: str) -> list[Slot]:
+    def assign(self, count: int, placed: Placed, new_name: str) -> list[Slot]:
         """Slots for `count` new creations; creates PendingGroups as needed (named by
         `new_name` plus a suffix)."""
-        rooms = {
+        rooms: dict[str | PendingGroup, int] = {
             uuid: MAX_MEMBERS - len(group.servers) - placed.get(uuid, 0)
             for uuid, group in self.known.items()
             if uuid not in self.full and uuid not in self.deleting
         }
+        rooms.update({p: MAX_MEMBERS - placed.get(p, 0) for p in self.pending})
         slots: list[Slot] = []
-        for uuid in sorted(rooms, key=lambda u: (rooms[u], u)):  # fullest first
-            while rooms[uuid] > 0 and len(slots) < count:
-                rooms[uuid] -= 1
-                slots.append(Slot(uuid=uuid))
+        for target in sorted(rooms, key=lambda t: rooms[t]):  # fullest first
+            while rooms[target] > 0 and len(slots) < count:
+                rooms[target] -= 1
+                slots.append(_slot(target))
         while len(slots) < count:
             pending = PendingGroup(f"{new_name}-{names.random_suffix()}")
             self.pending.append(pending)
             slots += [Slot(pending=pending) for _ in range(min(MAX_MEMBERS, count - len(slots)))]
         return slots
 
-    def empty(self, placed: dict[str, int]) -> list[str]:
+    def empty(self, placed: Placed) -> list[str]:
         """Known server groups with no member and nothing placed: to delete."""
         return [
             uuid
@@ -148,9 +170,7 @@ class ServerGroups:
     def tags(self, group: str) -> dict[str, str]:
         return {TAG_CLUSTER: self._cluster, TAG_GROUP: group, TAG_MANAGED: MANAGED}
 
-    def place(
-        self, group: str, placement: Placement, count: int, placed: dict[str, int]
-    ) -> list[Slot]:
+    def place(self, group: str, placement: Placement, count: int, placed: Placed) -> list[Slot]:
         """Slots for `count` creations of `group`; new server groups are created at once."""
         before = len(placement.pending)
         slots = placement.assign(count, placed, f"{self._cluster}-{group}")
@@ -186,7 +206,7 @@ class ServerGroups:
         elif isinstance(error, ServerGroupGoneError):
             placement.known.pop(slot.uuid, None)
 
-    def tidy(self, group: str, placement: Placement, placed: dict[str, int]) -> None:
+    def tidy(self, group: str, placement: Placement, placed: Placed) -> None:
         """Delete the node group's empty managed server groups (in the background)."""
         for uuid in placement.empty(placed):
             placement.deleting.add(uuid)

@@ -53,6 +53,10 @@ async def test_six_servers_fill_a_group_of_four_then_a_new_one(stack: StackFacto
     assert all(g["name"].startswith(f"{CLUSTER}-workers-") for g in groups)
     servers = {srv["uuid"] for srv in await s.cloud_servers("workers")}
     assert {m["uuid"] for g in groups for m in g["servers"]} == servers
+    # What /metrics (..._node_group_server_groups) and /status (server_groups) show.
+    (stats,) = s.provider.service.engine.group_stats()
+    (status,) = s.provider.service.engine.group_statuses()
+    assert stats.server_groups == status.server_groups == 2
 
 
 async def test_concurrent_scale_ups_never_overfill_a_group(stack: StackFactory) -> None:

@@ -272,11 +272,16 @@ async def test_the_kustomize_base_rolls_out_two_replicas(cluster: Cluster) -> No
                 _create(api, doc)
     await wait_rollout(cluster, "kube-system", "cloudscale-autoscaler", 60)
     discovery = k8s.DiscoveryV1Api(cluster.kube.client())
-    slices = await asyncio.to_thread(
-        discovery.list_namespaced_endpoint_slice, "kube-system",
-        label_selector="kubernetes.io/service-name=cloudscale-autoscaler-metrics",
-    )  # fmt: skip
-    assert sum(len(found.endpoints or []) for found in slices.items) == 2
+
+    async def both_scraped() -> bool:
+        # The EndpointSlice controller follows the rollout a moment later.
+        slices = await asyncio.to_thread(
+            discovery.list_namespaced_endpoint_slice, "kube-system",
+            label_selector="kubernetes.io/service-name=cloudscale-autoscaler-metrics",
+        )  # fmt: skip
+        return sum(len(found.endpoints or []) for found in slices.items) == 2
+
+    await wait_until(both_scraped, 30, "the metrics Service never listed both replicas")
 
 
 def _create(api: k8s.ApiClient, doc: dict[str, Any]) -> None:

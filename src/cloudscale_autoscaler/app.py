@@ -13,14 +13,10 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cloudscale_autoscaler.catalogue_check import (
-    catalogue_errors,
-    fetch_catalogue,
-    interface_errors,
-    networks_to_check,
-)
+from cloudscale_autoscaler.catalogue_check import online_problems
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
@@ -29,6 +25,7 @@ from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.journal.file import FileStore
 from cloudscale_autoscaler.metrics import Metrics
+from cloudscale_autoscaler.reload.reloader import Reloader
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
@@ -130,8 +127,7 @@ async def _check_catalogue(config: Config, cloud: Cloud, provider: Provider) -> 
     failures = 0
     while True:
         try:
-            catalogue = await fetch_catalogue(cloud)
-            networks = await networks_to_check(config.node_groups, cloud)
+            problems = await online_problems(config.node_groups, cloud)
             break
         except CloudError as error:
             if not failures:  # once: the API's health has its own metrics and Refresh errors
@@ -143,8 +139,7 @@ async def _check_catalogue(config: Config, cloud: Cloud, provider: Provider) -> 
             failures += 1
         await asyncio.sleep(CATALOGUE_RETRY_SECONDS)
     provider.cloud_answered = True
-    problems = catalogue_errors(config.node_groups, *catalogue)
-    for problem in problems + interface_errors(config.node_groups, *networks):
+    for problem in problems:
         log.warning("config: %s: creating servers in this node group will fail", problem)
 
 
@@ -214,17 +209,22 @@ NOT_ANSWERED = "the cloud API has not answered yet"
 
 @dataclass
 class Running:
-    """A started provider: the gRPC server and, if configured, the metrics endpoint."""
+    """A started provider: the gRPC server and, if configured, the metrics endpoint and the
+    reloading of its config file."""
 
     provider: Provider
     server: RunningServer
     health: HealthServer | None
+    reloader: Reloader | None = None
+    _reloading: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
         return self.server.port
 
     async def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
+        if self._reloading is not None:  # no reload while the server drains
+            await _cancel(self._reloading)
         try:
             await self.server.stop(grace)
         finally:
@@ -233,8 +233,12 @@ class Running:
             await self.provider.aclose()
 
 
-async def start_provider(config: Config, *, listen: str | None = None) -> Running:
-    """Build the provider and start serving it; raises TLSFileError, ListenError, ValueError."""
+async def start_provider(
+    config: Config, *, listen: str | None = None, path: Path | None = None
+) -> Running:
+    """Build the provider and start serving it; with `path` (the file `config` came from),
+    reload that file when it changes (reload/). Raises TLSFileError, ListenError,
+    ValueError."""
     provider = await build_provider(config)
     try:
         server = await start_server(
@@ -256,7 +260,9 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
         _follow_deadline(provider.serving, server, hot)
         _follow_serving(provider.serving, server)
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
-    health = None
+    running = Running(provider, server, None)
+    if path is not None:
+        _reload_from(path, running, hot)
     if config.metrics.listen is not None:
         # Imported only here: without the endpoint nothing loads aiohttp.
         from cloudscale_autoscaler.endpoint import HealthServer
@@ -264,19 +270,48 @@ async def start_provider(config: Config, *, listen: str | None = None) -> Runnin
         health = HealthServer(
             provider.metrics,
             readiness=lambda: _readiness(provider),
-            status=lambda: status_of(provider, server).to_json(),
+            status=lambda: status_of(running).to_json(),
         )
         try:
             host, _, port = config.metrics.listen.rpartition(":")
             await health.start(host.strip("[]"), int(port))
         except BaseException:
-            await Running(provider, server, None).stop(0)
+            await running.stop(0)
             raise
-    return Running(provider, server, health)
+        running.health = health
+    return running
 
 
-def status_of(provider: Provider, server: RunningServer) -> Status:
+def _reload_from(path: Path, running: Running, hot: HotAnswers) -> None:
+    """Reload `path` while serving: checked like `check-config --online`, applied to the
+    service and engine, the transport's answers and the drift check (reload/)."""
+    provider = running.provider
+    cloud = provider.service.engine.cloud
+
+    async def online_check(config: Config) -> list[str]:
+        return await online_problems(config.node_groups, cloud)
+
+    async def apply(config: Config) -> dict[str, int]:
+        removed = await provider.service.reconfigure(config)
+        hot.reconfigured()
+        if provider.link is not None:
+            provider.link.reconfigure(config)
+        return removed
+
+    reloader = Reloader(path, provider.service.engine.config, online_check, apply)
+    metrics = provider.metrics
+    metrics.config_reload_success.set_function(lambda: float(reloader.status.ok is not False))
+    metrics.config_loaded.set_function(lambda: reloader.status.loaded_unix)
+    if provider.link is not None:
+        reloader.on_refused.append(provider.link.events.config_refused)
+        reloader.on_removed.append(provider.link.events.groups_removed)
+    running.reloader = reloader
+    running._reloading = asyncio.create_task(reloader.run())
+
+
+def status_of(running: Running) -> Status:
     """The status view of a started provider (GET /status)."""
+    provider, server = running.provider, running.server
     engine = provider.service.engine
     identity = provider.link.identity if provider.link is not None else None
     return collect(
@@ -287,6 +322,8 @@ def status_of(provider: Provider, server: RunningServer) -> Status:
         leader_status(provider.serving, identity),
         server.cert_not_after(),
         server.rpc_readings(),
+        running.reloader.status if running.reloader is not None else None,
+        engine.unconfigured_servers(),
     )
 
 
@@ -307,30 +344,37 @@ def _on_signals(stop: asyncio.Event) -> None:
 async def run(
     config: Config,
     *,
+    path: Path | None = None,
     stop: asyncio.Event | None = None,
     grace: float = DEFAULT_GRACE_SECONDS,
 ) -> int:
-    """Serve until `stop` is set (by default: until SIGTERM or SIGINT); returns an exit code."""
+    """Serve until `stop` is set (by default: until SIGTERM or SIGINT; then SIGHUP reloads
+    `path`, the file `config` came from); returns an exit code."""
+    signals = stop is None
     if stop is None:
         stop = asyncio.Event()
         _on_signals(stop)
     try:
-        running = await _start_unless_stopped(config, stop)
+        running = await _start_unless_stopped(config, stop, path)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_STARTUP_FAILED
     if running is None:
         log.error("stopped before start-up completed")
         return EXIT_STARTUP_FAILED
+    if signals and running.reloader is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, running.reloader.request)
     await stop.wait()
     await running.stop(grace)
     return EXIT_OK
 
 
-async def _start_unless_stopped(config: Config, stop: asyncio.Event) -> Running | None:
+async def _start_unless_stopped(
+    config: Config, stop: asyncio.Event, path: Path | None
+) -> Running | None:
     """The started provider, or None when `stop` came first: start-up can wait long (an exec
     credential plugin, a slow DNS), and a signal then must not wait for it."""
-    starting = asyncio.create_task(start_provider(config))
+    starting = asyncio.create_task(start_provider(config, path=path))
     stopped = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)

@@ -151,3 +151,11 @@ Catalogue = tuple[list[Flavor], list[Image], list[Region]]
 
 async def fetch_catalogue(cloud: Cloud) -> Catalogue:
     return await cloud.list_flavors(), await cloud.list_images(), await cloud.list_regions()
+
+
+async def online_problems(groups: Sequence[NodeGroupConfig], cloud: Cloud) -> list[str]:
+    """Every name of `groups` the API does not know (flavors, images, zones, networks and
+    subnets), as `<path>: <reason>`; raises CloudError when the API cannot be asked."""
+    catalogue = await fetch_catalogue(cloud)
+    networks = await networks_to_check(groups, cloud)
+    return catalogue_errors(groups, *catalogue) + interface_errors(groups, *networks)

@@ -146,6 +146,18 @@ class Metrics:
             "Unix time at which the served TLS certificate expires.",
             registry=r,
         )
+        self.config_reload_success = Gauge(
+            f"{NAMESPACE}_config_reload_success",
+            "1 when the last reload of the config file was applied (or none was tried), 0 when "
+            "it was refused and the running configuration kept.",
+            registry=r,
+        )
+        self.config_reload_success.set(1)
+        self.config_loaded = Gauge(
+            f"{NAMESPACE}_config_last_reload_success_timestamp_seconds",
+            "Unix time at which the running configuration was loaded (at start or by a reload).",
+            registry=r,
+        )
         # Per replica, so that an alert sees "no replica leads" as the max over replicas.
         self.leader = Gauge(
             f"{NAMESPACE}_leader",

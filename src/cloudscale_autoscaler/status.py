@@ -18,6 +18,7 @@ from typing import Any
 from cloudscale_autoscaler import __version__
 from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome
 from cloudscale_autoscaler.metrics import RpcReading
+from cloudscale_autoscaler.reload.reloader import ReloadStatus
 from cloudscale_autoscaler.service.seen import CallsSeen
 from cloudscale_autoscaler.serving import Serving
 
@@ -46,6 +47,10 @@ class Status:
     leader: LeaderStatus | None  # None without leader election
     tls_not_after_unix: float | None  # None without TLS
     rpcs: Mapping[str, Mapping[str, int]]  # RPC -> status code -> calls answered
+    # The config file and its last reload; None when serving a config not read from a file.
+    config: ReloadStatus | None = None
+    # Listed servers of groups no longer (or never) configured, by group tag: kept, unserved.
+    unconfigured: Mapping[str, int] = dataclasses.field(default_factory=dict)
     version: str = __version__
 
     def to_json(self) -> dict[str, Any]:
@@ -70,6 +75,8 @@ class Status:
             "leader": None if self.leader is None else dataclasses.asdict(self.leader),
             "tls_not_after_unix": self.tls_not_after_unix,
             "rpcs": {method: dict(codes) for method, codes in self.rpcs.items()},
+            "config": None if self.config is None else dataclasses.asdict(self.config),
+            "unconfigured_groups": dict(self.unconfigured),
         }
 
 
@@ -88,6 +95,8 @@ def collect(
     leader: LeaderStatus | None,
     tls_not_after_unix: float | None,
     rpcs: Iterable[RpcReading],
+    config: ReloadStatus | None = None,
+    unconfigured: Mapping[str, int] | None = None,
 ) -> Status:
     """The snapshot from its parts (`last_successful_refresh_unix` 0: never)."""
     taken = tuple(groups)
@@ -103,4 +112,6 @@ def collect(
         leader=leader,
         tls_not_after_unix=tls_not_after_unix,
         rpcs={r.method: r.codes for r in rpcs if r.codes},
+        config=config,
+        unconfigured=dict(unconfigured or {}),
     )

@@ -1,5 +1,5 @@
 """`cloudscale-autoscaler serve --config FILE`: load the config and run the provider (app.py)
-until SIGTERM or SIGINT.
+until SIGTERM or SIGINT, reloading FILE when it changes or on SIGHUP (reload/).
 
 Exit codes: 0 = stopped by a signal, 1 = could not start (TLS files, the listen address, the
 Kubernetes side), 2 = invalid config.
@@ -26,4 +26,4 @@ def serve_command(config_path: Path) -> int:
     except ConfigError as exc:
         to_stderr(log, logging.ERROR, f"{exc.source}: invalid config", exc.errors)
         return EXIT_BAD_CONFIG
-    return asyncio.run(run(config))
+    return asyncio.run(run(config, path=config_path))

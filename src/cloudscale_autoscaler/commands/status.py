@@ -115,6 +115,8 @@ def _render(document: dict[str, Any]) -> str:
         _refresh_line(document["refresh"], document["last_successful_refresh_unix"], now),
         _leader_line(document["leader"]),
         _tls_line(document["tls_not_after_unix"], now),
+        *_config_lines(document["config"], now),
+        *_unconfigured_lines(document["unconfigured_groups"]),
     ]
     return out + "\n" + "\n".join(lines) + "\n"
 
@@ -159,6 +161,25 @@ def _placeholder_row(group: str, placeholder: dict[str, Any]) -> tuple[str, ...]
         duration(float(placeholder["expires_in_seconds"])),
         " ".join(str(placeholder["error"]).split()),  # one line, whatever the cloud wrote
     )
+
+
+def _config_lines(config: dict[str, Any] | None, now: float) -> list[str]:
+    if config is None:
+        return []
+    loaded = f"config:  {config['path']}, loaded {duration(now - float(config['loaded_unix']))} ago"
+    if config["ok"] is not False:
+        return [loaded]
+    tried = duration(now - float(config["attempt_unix"]))
+    refused = [f"config:  RELOAD REFUSED {tried} ago, the running configuration is kept:"]
+    return [loaded, *refused, *(f"  {error}" for error in config["errors"])]
+
+
+def _unconfigured_lines(groups: dict[str, int]) -> list[str]:
+    return [
+        f"unconfigured group {name}: {count} server(s) kept, not served (no such node group "
+        "is configured)"
+        for name, count in sorted(groups.items())
+    ]
 
 
 def _refresh_line(refresh: dict[str, Any] | None, success: float | None, now: float) -> str:

@@ -77,6 +77,14 @@ class Catalog:
             with contextlib.suppress(EngineError):
                 await self.template(group)
 
+    async def reconfigure(self, config: Config) -> None:
+        """Templates from a reloaded config: all built again (a new mapping, so the
+        transport's answers are replaced) from the flavors already fetched."""
+        self._config = config
+        self._templates = {}
+        if self._flavors is not None or self._failure is not None:
+            await self._build_all()
+
     @property
     def templates(self) -> Mapping[str, pb.NodeGroupTemplateNodeInfoResponse]:
         """The templates built, by group (a new mapping whenever Refresh drops them)."""

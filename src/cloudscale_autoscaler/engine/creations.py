@@ -75,6 +75,10 @@ class Creations:
         self._clock = clock
         self._create_slots = asyncio.Semaphore(config.cloudscale.max_concurrent_creates)
 
+    def reconfigure(self, config: Config) -> None:
+        """maxConcurrentCreates is not reloadable: the slots stay."""
+        self._config = config
+
     # --- NodeGroupIncreaseSize ------------------------------------------------------------
 
     async def increase_size(self, name: str, delta: int) -> None:

@@ -67,17 +67,38 @@ class Engine:
         )
         self._deletions = Deletions(cloud, self._inventory, self._background, self.observer)
         # None without `pricing`: the pricing RPCs then answer UNIMPLEMENTED.
-        self.pricing = (
-            Pricer(config, config.pricing, self._catalog, self._inventory.group_name_of)
-            if config.pricing is not None
-            else None
-        )
+        self.pricing = self._pricer(config)
         self._options: dict[tuple[str, bytes], pb.NodeGroupAutoscalingOptionsResponse] = {}
         # Unix time of the last successful Refresh, for the metrics endpoint; 0 = never.
         self.last_refresh_unix = 0.0
         # The last Refresh, successful or not, for the status view; None = none yet.
         self.last_refresh: RefreshOutcome | None = None
         self._clock = clock
+
+    @property
+    def cloud(self) -> Cloud:
+        """The cloud the engine works on (the reload's online check asks it too)."""
+        return self._cloud
+
+    def _pricer(self, config: Config) -> Pricer | None:
+        if config.pricing is None:
+            return None
+        return Pricer(config, config.pricing, self._catalog, self._inventory.group_name_of)
+
+    async def reconfigure(self, config: Config) -> dict[str, int]:
+        """Serve a reloaded config (validated, same cluster and process settings) from now on:
+        the groups, their sizes, templates and create settings, prices, options. Returns the
+        groups it removed with the servers each had (they stay: a reload never deletes a
+        server). Everything
+        but the templates changes in one synchronous stretch; the templates follow from the
+        flavors already fetched."""
+        self.config = config
+        removed = self._inventory.reconfigure(config)
+        self._creations.reconfigure(config)
+        self.pricing = self._pricer(config)
+        self._options.clear()
+        await self._catalog.reconfigure(config)
+        return removed
 
     @property
     def on_change(self) -> Callable[[], None]:
@@ -168,6 +189,10 @@ class Engine:
 
     def provider_index(self) -> Mapping[str, pb.NodeGroupForNodeResponse]:
         return self._inventory.provider_index()
+
+    def unconfigured_servers(self) -> dict[str, int]:
+        """Listed servers per group tag that no configured group has (a removed group)."""
+        return dict(self._inventory.unconfigured)
 
     def settled_targets(self) -> dict[str, int]:
         return self._inventory.settled_targets()

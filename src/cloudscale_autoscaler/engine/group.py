@@ -42,6 +42,11 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+def _for_node(config: NodeGroupConfig) -> pb.NodeGroupForNodeResponse:
+    group = pb.NodeGroup(id=config.name, minSize=config.min_size, maxSize=config.max_size)
+    return pb.NodeGroupForNodeResponse(nodeGroup=group)
+
+
 @dataclass(frozen=True)
 class NodeRef:
     """A node CA asks us to delete: providerID and name as CA sent them."""
@@ -83,9 +88,8 @@ class GroupState:
     def __init__(self, config: NodeGroupConfig) -> None:
         self.config = config
         self.name = config.name
-        node_group = pb.NodeGroup(id=config.name, minSize=config.min_size, maxSize=config.max_size)
         # Prebuilt: NodeGroupForNode answers with this very object for every node of the group.
-        self.for_node = pb.NodeGroupForNodeResponse(nodeGroup=node_group)
+        self.for_node = _for_node(config)
         self.servers: dict[str, Server] = {}  # uuid -> server, from the latest listing
         self.server_names: set[str] = set()
         self.creations: dict[str, Creation] = {}  # request id -> creation in flight
@@ -103,6 +107,17 @@ class GroupState:
         # uuid -> ((status, name, deleting, booting), Instance): NodeGroupNodes reuses
         # unchanged ones (building 20,000 messages per call costs tens of milliseconds).
         self._instances: dict[str, tuple[tuple[str, str, bool, bool], pb.Instance]] = {}
+
+    def reconfigure(self, config: NodeGroupConfig) -> None:
+        """Take a reloaded config of this group (same name): sizes, template and create
+        settings apply from the next call; what it holds (servers, creations, placeholders,
+        deletions) stays."""
+        self.config = config
+        self.for_node = _for_node(config)
+        if not config.anti_affinity:
+            self.placement = None  # its server groups stay in the cloud, as servers do
+        elif self.placement is None or self.placement.zone != config.zone:
+            self.placement = Placement(config.zone)  # found again by the next listing
 
     # --- counting -------------------------------------------------------------------------
 

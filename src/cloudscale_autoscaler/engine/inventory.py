@@ -86,6 +86,9 @@ class Inventory:
         self._stale = False  # set by forget until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
         self._ignored_groups: set[str] = set()
+        # Servers per k8s-autoscaler-group tag no configured group has (a group removed from
+        # the config, say), from the latest listing: kept, never deleted, shown in /status.
+        self.unconfigured: dict[str, int] = {}
         # Why the last listing failed, while the API is unreachable (cleared by a success).
         self.api_down: str | None = None
 
@@ -243,6 +246,7 @@ class Inventory:
         self._applied_start = start
         self._stale = False
         buckets: dict[str, dict[str, Server]] = {name: {} for name in self.groups}
+        unconfigured: dict[str, int] = {}
         cluster = self._config.cluster
         for server in servers:
             tags = server.tags
@@ -256,8 +260,10 @@ class Inventory:
             bucket = buckets.get(group_name)
             if bucket is None:
                 self._ignore_group(group_name)
+                unconfigured[group_name] = unconfigured.get(group_name, 0) + 1
                 continue
             bucket[server.uuid] = server
+        self.unconfigured = unconfigured
         for name, group in self.groups.items():
             group.apply_listing(buckets[name], start)
             self._check_overshoot(group)
@@ -333,6 +339,23 @@ class Inventory:
         return self._by_provider_id
 
     # --- groups ---------------------------------------------------------------------------
+
+    def reconfigure(self, config: Config) -> dict[str, int]:
+        """Take a reloaded config (same cluster): groups added, changed, removed; the groups
+        that went, with the servers each still had (kept). No await: atomic between calls."""
+        old = self.groups
+        self._config = config
+        self.groups = {}
+        for group_config in config.node_groups:
+            group = old.get(group_config.name)
+            if group is None:
+                group = GroupState(group_config)
+            else:
+                group.reconfigure(group_config)
+            self.groups[group.name] = group
+        self._ignored_groups -= self.groups.keys()  # a group back again is no longer ignored
+        self._rebuild_index()
+        return {name: len(group.servers) for name, group in old.items() if name not in self.groups}
 
     def group(self, name: str) -> GroupState:
         group = self.groups.get(name)

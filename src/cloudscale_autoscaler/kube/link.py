@@ -185,6 +185,11 @@ class ClusterLink:
         self._stop_drift()
         self._engine.drop_queued_creations("leadership lost")
 
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config (same kubernetes section): the drift check compares the new
+        groups from its next round."""
+        self.watch.reconfigure(config)
+
     def _start_drift(self) -> None:
         interval = self._settings.drift_interval_seconds
         if interval > 0 and self._drift_task is None:

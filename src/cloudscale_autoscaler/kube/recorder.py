@@ -49,6 +49,8 @@ DELETION_FAILED = "DeletionFailed"
 LEADERSHIP_GAINED = "LeadershipGained"
 LEADERSHIP_LOST = "LeadershipLost"
 TEMPLATE_DRIFT = "TemplateDrift"
+CONFIG_RELOAD_REFUSED = "ConfigReloadRefused"
+NODE_GROUP_REMOVED = "NodeGroupRemoved"
 WRITE_TIMEOUT_SECONDS = 5.0
 FLUSH_SECONDS = 1.0
 
@@ -115,6 +117,21 @@ class EventRecorder(Collector):
     def drift(self, drift: GroupDrift) -> None:
         same = f"{drift.group}/{drift.field}"
         self._record(self._pod, WARNING, TEMPLATE_DRIFT, warning_line(drift), same=same)
+
+    def config_refused(self, errors: list[str]) -> None:
+        """A reload of the config file refused: on this replica's Pod, leader or not (each
+        replica reloads its own mounted file)."""
+        message = "config reload refused, the running configuration is kept: " + "; ".join(errors)
+        self._record(self._pod, WARNING, CONFIG_RELOAD_REFUSED, message, always=True)
+
+    def groups_removed(self, removed: dict[str, int]) -> None:
+        """Node groups a reload removed; their servers are kept, unserved."""
+        for name, servers in removed.items():
+            message = (
+                f"node group {name} is no longer configured: {servers} server(s) of it are kept "
+                "and no longer served (a reload never deletes a server)"
+            )
+            self._record(self._pod, WARNING, NODE_GROUP_REMOVED, message, same=name, always=True)
 
     def leadership(self, serving: bool) -> None:
         """Called by the serving gate as it opens (True) or closes (False)."""

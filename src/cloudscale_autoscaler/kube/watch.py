@@ -49,6 +49,9 @@ class DriftWatch(Collector):
         self.report: DriftReport | None = None
         self.last_check_unix = 0.0
 
+    def reconfigure(self, config: Config) -> None:
+        self._config = config
+
     async def run(self, interval: float) -> None:
         """Check every `interval` seconds until cancelled; a failed check is logged."""
         while True:

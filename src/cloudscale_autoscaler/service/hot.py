@@ -51,13 +51,26 @@ class HotAnswers:
         # Likewise the templates last published (the engine's dict until Refresh drops it).
         self._templates: Mapping[str, pb.NodeGroupTemplateNodeInfoResponse] | None = None
         self._templates_size = -1
-        for method, answer in service.constant_answers().items():
-            sink.publish_answers(method, {"": answer.SerializeToString()})
-        sink.publish_answers("NodeGroupGetOptions", self._options())
+        self._service = service
+        self._publish_config()
         # Where the answer depends on the defaults CA sends, it is still a pure function of
-        # the request (the group's config never changes while serving): the transport keeps
-        # each answer for the exact request bytes it was given for.
+        # the request and the config: the transport keeps each answer for the exact request
+        # bytes it was given for, until a reload withdraws them (reconfigured).
         sink.memoize("NodeGroupGetOptions")
+
+    def _publish_config(self) -> None:
+        """What follows from the config alone: NodeGroups, GPULabel, GetOptions."""
+        for method, answer in self._service.constant_answers().items():
+            self._sink.publish_answers(method, {"": answer.SerializeToString()})
+        self._sink.publish_answers("NodeGroupGetOptions", self._options())
+
+    def reconfigured(self) -> None:
+        """After a config reload: every answer again, the memoized GetOptions dropped."""
+        self._sink.withdraw("NodeGroupGetOptions")
+        self._publish_config()
+        self._index, self._index_size, self._targets = None, -1, None
+        self._templates, self._templates_size = None, -1
+        self.publish()
 
     def publish(self) -> None:
         try:

@@ -103,6 +103,15 @@ async def _within_deadline(
         ) from None
 
 
+def _node_groups(config: Config) -> pb.NodeGroupsResponse:
+    return pb.NodeGroupsResponse(
+        nodeGroups=[
+            pb.NodeGroup(id=g.name, minSize=g.min_size, maxSize=g.max_size)
+            for g in config.node_groups
+        ]
+    )
+
+
 def _gpu_type_value(gpu_type: str) -> any_pb2.Any:
     """CA reads only the map's keys. An empty Any has no type URL, which generic clients
     cannot decode (grpcurl prints `"@error"`); a packed StringValue every client knows."""
@@ -115,18 +124,21 @@ class CloudProviderService:
     def __init__(self, config: Config, engine: Engine) -> None:
         # Public for the app's wiring (metrics, readiness).
         self.engine = engine
-        self._node_groups = pb.NodeGroupsResponse(
-            nodeGroups=[
-                pb.NodeGroup(id=g.name, minSize=g.min_size, maxSize=g.max_size)
-                for g in config.node_groups
-            ]
-        )
+        self._node_groups = _node_groups(config)
         self._gpu_label = pb.GPULabelResponse(label=config.gpu_label)
         # For the status view: which groups CA last asked to change, and when.
         self.seen = CallsSeen(g.name for g in config.node_groups)
 
+    async def reconfigure(self, config: Config) -> dict[str, int]:
+        """Serve a reloaded config (Engine.reconfigure); the removed groups' server counts.
+        gpuLabel is not reloadable (CA reads it once)."""
+        removed = await self.engine.reconfigure(config)
+        self._node_groups = _node_groups(config)
+        self.seen.follow(g.name for g in config.node_groups)
+        return removed
+
     def constant_answers(self) -> dict[str, Message]:
-        """The answers that never change while serving, by RPC (served by the transport)."""
+        """The answers only a config reload changes, by RPC (served by the transport)."""
         return {"NodeGroups": self._node_groups, "GPULabel": self._gpu_label}
 
     async def NodeGroups(

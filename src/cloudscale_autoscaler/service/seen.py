@@ -32,5 +32,9 @@ class CallsSeen:
         seen.count += 1
         seen.last_unix = time.time()
 
+    def follow(self, groups: Iterable[str]) -> None:
+        """The configured groups after a reload: new ones start empty, removed ones go."""
+        self._groups = {name: self._groups.get(name, {}) for name in groups}
+
     def of(self, group: str) -> Mapping[str, Seen]:
         return self._groups.get(group, {})

@@ -1,0 +1,153 @@
+"""Reloading the config file while serving.
+
+- **Noticing a change.** Every CHECK_SECONDS the file is read and its content compared with
+  the running configuration's: a mounted ConfigMap is replaced by an atomic symlink swap that a
+  modification time need not show, while its content always does. SIGHUP (`request`) forces a
+  read and an attempt, even of unchanged content.
+- **Validating it** as `check-config --online` does: the loader's checks (every error with its
+  path), then no change to what a reload cannot change (reload/fixed.py), then the flavors,
+  images, zones and networks against the API. Any problem refuses the reload, whole: the
+  running configuration stays, each problem is logged as `check-config` prints it, and the
+  status says so until a later file is applied. When the API cannot be asked, the attempt is
+  repeated at the next check.
+- **Applying it** (`apply`, the app's) between calls: the engine takes it in one synchronous
+  stretch, then the transport's prepared answers are published again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.config import Config, ConfigError, load_config
+from cloudscale_autoscaler.reload.fixed import fixed_changes
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 2.0
+
+# The config's names against the API: problems found (raises CloudError when it cannot ask).
+OnlineCheck = Callable[[Config], Awaitable[list[str]]]
+# Serves the new config; the groups it removed, with the servers each still had.
+Apply = Callable[[Config], Awaitable[dict[str, int]]]
+
+
+@dataclass(frozen=True)
+class ReloadStatus:
+    """What `serve` runs with, and how the last reload went (for /status and the metrics)."""
+
+    path: str
+    loaded_unix: float  # when the running configuration was loaded: at start, or a reload
+    attempt_unix: float | None = None  # the last reload tried; None: none yet
+    ok: bool | None = None  # how it went; None: none yet
+    errors: tuple[str, ...] = ()  # why it was refused, `<path>: <reason>` each
+
+
+class Reloader:
+    def __init__(
+        self,
+        path: Path,
+        running: Config,
+        online_check: OnlineCheck,
+        apply: Apply,
+        check_seconds: float = CHECK_SECONDS,
+    ) -> None:
+        self._path = path
+        self._running = running
+        self._online_check = online_check
+        self._apply = apply
+        self._check_seconds = check_seconds
+        self._digest = _digest(path)
+        self._forced = asyncio.Event()
+        self._again = False  # the last attempt could not be finished: try the same file again
+        self.status = ReloadStatus(str(path), time.time())
+        self.on_refused: list[Callable[[list[str]], None]] = []
+        self.on_removed: list[Callable[[dict[str, int]], None]] = []
+
+    def request(self) -> None:
+        """Read the file now and reload it even if unchanged (SIGHUP)."""
+        self._forced.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._check_seconds):
+                    await self._forced.wait()
+            forced = self._forced.is_set()
+            self._forced.clear()
+            await self.check(forced)
+
+    async def check(self, forced: bool = False) -> None:
+        """Reload the file if its content changed (or `forced`, or the last try was cut short)."""
+        digest = await asyncio.to_thread(_digest, self._path)
+        if digest is None:
+            return  # between a ConfigMap swap's steps, or removed: the running config stays
+        if digest == self._digest and not forced and not self._again:
+            return
+        self._digest, self._again = digest, False
+        log.info("config reload: %s %s, reading it", self._path,
+                 "asked for (SIGHUP)" if forced else "changed")  # fmt: skip
+        try:
+            config, errors = await self._validated()
+        except CloudError as error:
+            self._again = True
+            self._refused([f"could not check the config against the API ({error}); trying "
+                           f"again in {self._check_seconds:g}s"])  # fmt: skip
+            return
+        if errors or config is None:
+            self._refused(errors)
+            return
+        removed = await self._apply(config)
+        self._running = config
+        now = time.time()
+        self.status = ReloadStatus(str(self._path), now, now, True)
+        log.info("config reload: %s applied (node groups: %s)", self._path,
+                 ", ".join(g.name for g in config.node_groups))  # fmt: skip
+        if removed:
+            self._removed(removed)
+
+    async def _validated(self) -> tuple[Config | None, list[str]]:
+        try:
+            config = await asyncio.to_thread(load_config, self._path)
+        except ConfigError as error:
+            return None, list(error.errors)
+        problems = fixed_changes(self._running, config)
+        if problems:
+            return None, problems
+        return config, await self._online_check(config)
+
+    def _refused(self, errors: list[str]) -> None:
+        self.status = ReloadStatus(
+            str(self._path), self.status.loaded_unix, time.time(), False, tuple(errors)
+        )
+        log.error("config reload: %s refused, the running configuration is kept:", self._path)
+        for error in errors:
+            log.error("config reload: %s: %s", self._path, error)
+        for listener in self.on_refused:
+            listener(errors)
+
+    def _removed(self, removed: dict[str, int]) -> None:
+        for name, servers in removed.items():
+            log.warning(
+                "config reload: node group %s is no longer configured: not served any more, "
+                "and its %d server(s) are kept (a reload never deletes a server); delete them "
+                "yourself, or configure the group again",
+                name,
+                servers,
+            )
+        for listener in self.on_removed:
+            listener(removed)
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None

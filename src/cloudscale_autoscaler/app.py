@@ -327,8 +327,11 @@ def status_of(running: Running) -> Status:
     )
 
 
-def _on_signals(stop: asyncio.Event) -> None:
+def _on_signals(stop: asyncio.Event, reload: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT stop; SIGHUP calls `reload` (from the start: its default action
+    would end the process)."""
     loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reload)
 
     def first_signal(signum: signal.Signals) -> None:
         log.info("received %s: shutting down", signum.name)
@@ -350,10 +353,10 @@ async def run(
 ) -> int:
     """Serve until `stop` is set (by default: until SIGTERM or SIGINT; then SIGHUP reloads
     `path`, the file `config` came from); returns an exit code."""
-    signals = stop is None
+    started: list[Running] = []
     if stop is None:
         stop = asyncio.Event()
-        _on_signals(stop)
+        _on_signals(stop, lambda: _reload_now(started))
     try:
         running = await _start_unless_stopped(config, stop, path)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
@@ -362,11 +365,18 @@ async def run(
     if running is None:
         log.error("stopped before start-up completed")
         return EXIT_STARTUP_FAILED
-    if signals and running.reloader is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, running.reloader.request)
+    started.append(running)
     await stop.wait()
     await running.stop(grace)
     return EXIT_OK
+
+
+def _reload_now(started: list[Running]) -> None:
+    reloader = started[0].reloader if started else None
+    if reloader is None:
+        log.info("received SIGHUP: no config file to reload (not serving one yet)")
+        return
+    reloader.request()
 
 
 async def _start_unless_stopped(

@@ -67,4 +67,4 @@ USER 10001:10001
 # 8086: gRPC (mTLS) for Cluster Autoscaler; 8080: /metrics, /healthz, /readyz.
 EXPOSE 8086 8080
 ENTRYPOINT ["cloudscale-autoscaler"]
-CMD ["serve", "--config", "/etc/cloudscale-autoscaler/config.yaml"]
+CMD ["serve", "--config", "/etc/cloudscale-autoscaler/config/config.yaml"]

@@ -541,7 +541,11 @@ def provider_config(bundle: Bundle) -> Doc:
     deployment = bundle.provider()
     config_map = bundle.get("ConfigMap", volume(deployment, "config")["configMap"]["name"])
     args = container_of(deployment)["args"]
-    assert f"--config={mount_path(deployment, 'config')}" in args
+    # The ConfigMap's directory, mounted whole (no subPath), so a changed config reaches the
+    # running provider, which reloads it.
+    mount = next(m for m in container_of(deployment)["volumeMounts"] if m["name"] == "config")
+    assert "subPath" not in mount
+    assert f"--config={mount['mountPath']}/config.yaml" in args
     parsed: Doc = yaml.safe_load(config_map["data"]["config.yaml"])
     return parsed
 
@@ -1025,6 +1029,7 @@ HELM_CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "no-pdb": (["--set", "podDisruptionBudget.enabled=false"], {}),
     "no-cert-manager": (["--set", "certManager.enabled=false"], {}),
     "single-replica": (["--set", "replicas=1,kubernetes.enabled=false"], {}),
+    "no-reload": (["--set", "reloadConfig=false"], {}),
     "other-release": (
         ["--set", "ports.grpc=9443", "--set", "grpcTimeout=30s", "--set", "config.cluster=prod"],
         {"release": "autoscaler", "namespace": "autoscaling"},
@@ -1059,7 +1064,8 @@ def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path:
     assert len(bundle.all("Issuer")) == (2 if cert_manager else 0)
     assert bundle.all("Secret") == []
     annotations = bundle.provider()["spec"]["template"]["metadata"]["annotations"]
-    assert "checksum/config" in annotations, "a config change rolls the pod"
+    rolls = case == "no-reload"
+    assert ("checksum/config" in annotations) == rolls, "a config change rolls, or is reloaded"
     check_observability(bundle, on=case == "observability")
 
 
@@ -1376,7 +1382,7 @@ def test_dockerfile_runtime_matches_the_manifests() -> None:
     assert "cloudscale-autoscaler" in project["scripts"]
     cmd = json.loads(final["CMD"])
     (deployment,) = read_docs(BASE / "deployment.yaml")
-    assert cmd == ["serve", "--config", mount_path(deployment, "config")]
+    assert cmd == ["serve", "--config", f"{mount_path(deployment, 'config')}/config.yaml"]
     exposed = {int(p) for p in final["EXPOSE"].split()}
     assert exposed == {p["containerPort"] for p in container_of(deployment)["ports"]}
     security = deployment["spec"]["template"]["spec"]["securityContext"]

@@ -106,18 +106,20 @@ def mounts(cloud: Cloud, directory: Path, listen: str, metrics: str) -> list[tup
         "cloudscale": {"url": cloud.url, "tokenFile": str(ETC / "token" / "token")},
         "nodeGroups": [{**group, "zone": "lpg1"} for group in GROUPS],
     }
-    (directory / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (directory / "config").mkdir()
+    (directory / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     for path in (directory, *directory.rglob("*")):
         os.chown(path, UID, UID)
         path.chmod(0o700 if path.is_dir() else 0o600)
-    return [(directory / "config.yaml", str(ETC / "config.yaml")),
+    return [(directory / "config", str(ETC / "config")),
             (tls, str(ETC / "tls")), (token, str(ETC / "token"))]  # fmt: skip
 
 
 @contextmanager
 def serving(image: str, cloud: Cloud, directory: Path, name: str) -> Iterator[Served]:
-    """The image's default command (`serve --config /etc/cloudscale-autoscaler/config.yaml`) on
-    free loopback ports, once it answers a health check over mTLS."""
+    """The image's default command (`serve --config
+    /etc/cloudscale-autoscaler/config/config.yaml`) on free loopback ports, once it answers a
+    health check over mTLS."""
     address, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with container(image, name, mounts(cloud, directory, address, metrics)) as running:
         ready = grpc_ready(address, cloud.certs)

@@ -64,7 +64,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{/* Where the container finds what it mounts; the config file points at these. */}}
 {{- define "cloudscale-autoscaler.tlsDir" -}}/etc/cloudscale-autoscaler/tls{{- end -}}
 {{- define "cloudscale-autoscaler.tokenDir" -}}/etc/cloudscale-autoscaler/token{{- end -}}
-{{- define "cloudscale-autoscaler.configPath" -}}/etc/cloudscale-autoscaler/config.yaml{{- end -}}
+{{- define "cloudscale-autoscaler.configDir" -}}/etc/cloudscale-autoscaler/config{{- end -}}
+{{- define "cloudscale-autoscaler.configPath" -}}{{ include "cloudscale-autoscaler.configDir" . }}/config.yaml{{- end -}}
 
 {{/*
 The config file: .Values.config plus the settings tied to this pod (listen addresses, TLS

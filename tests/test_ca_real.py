@@ -841,3 +841,72 @@ async def test_an_anti_affine_group_fills_server_groups_of_four_and_leaves_none_
             return not await emulator.admin.servers() and not await managed_server_groups(emulator)
 
         await wait_until(all_gone, 120, "servers or server groups were left at zero")
+
+
+# --- node groups changed while serving (issue 33) --------------------------------------------
+
+
+def rewrite(config: Path, groups: list[dict[str, Any]]) -> None:
+    """The provider's config file with other node groups, replaced at once (a rename)."""
+    document = yaml.safe_load(config.read_text())
+    document["nodeGroups"] = groups
+    new = config.with_suffix(".new")
+    new.write_text(yaml.safe_dump(document, sort_keys=False))
+    new.replace(config)
+
+
+@pytest.mark.parametrize("version", NEWEST)
+async def test_node_groups_change_while_the_provider_serves(
+    version: str, cluster: Cluster, pki: PKI, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """Six pods, one per node. workers at maxSize 2 runs two; an invalid edit of the config is
+    refused while CA's loop goes on without an error from us; maxSize 4 lets CA scale the group
+    to 4; a group added live takes the last two. The same provider process all along."""
+    await load(cluster, 6)
+    async with scene(version, [group("workers", maxSize=2)], cluster, pki, emulator,
+                     tmp_path) as running:  # fmt: skip
+        ca, provider = running.ca, running.provider
+        pid = provider.process.pid
+        await wait_servers(emulator, ca, 2)
+        errors_before = ca_errors(ca)
+        rewrite(running.config, [group("workers", maxSize=-1)])
+        await wait_until(lambda: _said(provider, "refused, the running configuration is kept"),
+                         30, "the invalid config was never refused")  # fmt: skip
+        loops = ca.output.count(LOOP)
+        await wait_until(lambda: _loops_since(ca, loops, 3), 60, "CA's loop stopped")
+        assert ca_errors(ca) == errors_before, "CA saw an error from the provider"
+        assert len(await emulator.admin.servers()) == 2
+        rewrite(running.config, [group("workers", maxSize=4)])
+        await wait_servers(emulator, ca, 4)
+        rewrite(running.config, [group("workers", maxSize=4), group("extra", maxSize=2)])
+        await wait_all_running(cluster, ca, 6, "the pods never ran on the added group")
+        assert len(await servers_of(emulator, "extra")) == 2
+        assert len(await servers_of(emulator, "workers")) == 4
+        assert provider.process.pid == pid and provider.process.returncode is None
+
+
+async def wait_servers(emulator: RunningEmulator, ca: Autoscaler, count: int) -> None:
+    async def there() -> bool:
+        ca.alive()
+        return len(await emulator.admin.servers()) == count
+
+    await wait_until(there, 90, f"never {count} servers:\n{ca.complaints()}")
+
+
+# What CA logs (at --v=2) at the start of each loop.
+LOOP = "Autoscaler loop triggered"
+
+
+def ca_errors(ca: Autoscaler) -> list[str]:
+    """CA's error lines about its cloud provider (klog's E)."""
+    lines = ca.output.splitlines()
+    return [e for e in lines if e.startswith("E") and ("externalgrpc" in e or "rpc error" in e)]
+
+
+async def _said(provider: ServeProcess, text: str) -> bool:
+    return text in provider.output
+
+
+async def _loops_since(ca: Autoscaler, loops: int, more: int) -> bool:
+    ca.alive()
+    return ca.output.count(LOOP) >= loops + more

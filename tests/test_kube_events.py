@@ -368,3 +368,38 @@ async def test_an_api_server_that_never_answers_does_not_hold_up_increase_size(
         assert hole.requests[0].startswith(f"POST /api/v1/namespaces/{NAMESPACE}/events ")
     finally:
         hole.close()
+
+
+# --- config reloads ---------------------------------------------------------------------------
+
+
+def rewrite(config: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    document = yaml.safe_load(config.read_text())
+    change(document)
+    new = config.with_suffix(".new")
+    new.write_text(yaml.safe_dump(document))
+    new.replace(config)
+
+
+async def test_a_refused_reload_and_a_removed_group_are_events_on_the_replicas_pod(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, kube: Kube, pod: Regarding
+) -> None:
+    config = events_config(tmp_path, pki, emulator, kube.provider_kubeconfig)
+    process = await start_serve(config, log_level="info", env=env_of(pod))
+    try:
+        rewrite(config, lambda doc: doc["nodeGroups"][0].update(maxSize=-1))
+        refused = await one_event(kube, pod, "ConfigReloadRefused")
+        assert refused.type == "Warning"
+        assert refused.message == (
+            "config reload refused, the running configuration is kept: "
+            "nodeGroups[0].maxSize: must be >= 0, got -1"
+        )
+        rewrite(config, lambda doc: doc["nodeGroups"][0].update(name="other", maxSize=3))
+        removed = await one_event(kube, pod, "NodeGroupRemoved")
+        assert removed.type == "Warning"
+        assert removed.message == (
+            "node group workers is no longer configured: 0 server(s) of it are kept and no "
+            "longer served (a reload never deletes a server)"
+        )
+    finally:
+        await process.kill()

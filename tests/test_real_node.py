@@ -4,25 +4,57 @@ kubelet's own probe both ways; a ClusterIP Service reaches its Pod through kube-
 host and from another Pod; a Pod reaches this host but nothing beyond it; the project's image,
 imported into containerd, runs as a Job and talks to the API server with in-cluster config.
 
+Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): `helm
+install --wait` of the chart with two replicas becomes Ready by the kubelet's probes (and
+installs whose config `serve` refuses, whose cloud never answers, or whose readiness is the old
+leader-only one do not).
+
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import ipaddress
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fixtures.cluster import condition_true
+from fixtures.deployed import (
+    ClientFiles,
+    GatewayEmulator,
+    ServiceProbe,
+    all_ready,
+    helm,
+    helm_install,
+    lease_holder,
+    live_pods,
+    readyz,
+    running_emulator,
+    slice_pods,
+    wait_for,
+    write_secret_files,
+)
 from fixtures.node import NEEDS_NODE, RealNode
+from fixtures.tools import free_port
 from kubernetes import client as k8s
 from kubernetes.stream import stream
+from test_ca_real import KUBELET_USER_DATA
+
+from cloudscale_autoscaler.certs import Issued, mint_ca
 
 pytestmark = [pytest.mark.kube, pytest.mark.node, NEEDS_NODE]
 
@@ -345,3 +377,322 @@ def _wait_job_complete(batch: k8s.BatchV1Api, name: str) -> None:
         assert not condition_true(job.status, "Failed"), job.status
         assert time.monotonic() < deadline, f"Job {name} not complete: {job.status}"
         time.sleep(0.2)
+
+
+# --- the chart on the real node -------------------------------------------------------------
+#
+# The provider as users deploy it, from the image built above: `helm install --wait` with two
+# replicas and leader election, certificates in the Secrets cert-manager writes (issued here:
+# no cert-manager controller runs), the token Secret, and the config pointed at the emulator on
+# the gateway. One install serves the scenarios after it: the real CA on this host through the
+# gRPC Service's ClusterIP, a failover by `kubectl delete pod`, a `helm upgrade`, evictions.
+
+SYSTEM = "kube-system"  # where CA runs, so where its provider's objects are
+RELEASE = "csa"
+FULLNAME = f"{RELEASE}-cloudscale-autoscaler"
+RELEASE_PODS = f"app.kubernetes.io/instance={RELEASE}"
+CLUSTER_TAG = "real-node"
+INSTALL_LIMIT_SECONDS = 180
+MAX_SIZE = 5
+# Emulated servers' Nodes (kwok's) carry the group's label and taint: the load selects the
+# label, which the real node lacks, and tolerates the taint, which keeps the provider's own
+# Pods (and anything else) off those Nodes.
+POOL = {"pool": "emulated"}
+POOL_TAINT = {"key": "pool", "value": "emulated", "effect": "NoSchedule"}
+
+
+def group(**fields: Any) -> dict[str, Any]:
+    """The node group: its Nodes (kwok's here) get its label and taint from the user data."""
+    return {"name": "workers", "minSize": 0, "maxSize": MAX_SIZE, "flavor": "flex-4-2",
+            "image": "debian-12", "zone": "lpg1", "labels": POOL, "taints": [POOL_TAINT],
+            "userData": KUBELET_USER_DATA, **fields}  # fmt: skip
+
+
+def chart_values(image: str, cloud_url: str) -> dict[str, Any]:
+    """What a user sets: the image (imported, never pulled), no cert-manager, the cloud API
+    (the emulator), a node group. ScheduleAnyway: the one node the replicas can use has the
+    tainted Nodes of emulated servers beside it, which DoNotSchedule counts as places for a
+    replica too (nodeTaintsPolicy Ignore), so a replica replacing one would stay Pending.
+    ScheduleAnyway keeps the chart's spreading as a preference; `enabled: false` would drop
+    it."""
+    repository, _, tag = image.rpartition(":")
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "certManager": {"enabled": False},
+        "topologySpread": {"whenUnsatisfiable": "ScheduleAnyway"},
+        "config": {"cluster": CLUSTER_TAG, "cloudscale": {"url": cloud_url},
+                   "nodeGroups": [group()]},
+    }  # fmt: skip
+
+
+@dataclass
+class Release:
+    """The module's install and what CA needs to reach it."""
+
+    values: dict[str, Any]
+    install_seconds: float  # helm install --wait
+    ready_seconds: float  # helm install started -> both Pods Ready
+    secrets: dict[str, dict[str, Any]]
+    address: str  # the cloud-config's: <Service name>:<port>
+    cluster_ip: str
+
+    @property
+    def server_name(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    def probe(self, client: ClientFiles) -> ServiceProbe:
+        port = self.address.rpartition(":")[2]
+        return ServiceProbe(f"{self.cluster_ip}:{port}", self.server_name, client)
+
+
+@pytest.fixture(scope="module")
+def gateway_emulator(real_node: RealNode) -> Iterator[GatewayEmulator]:
+    with running_emulator(real_node.gateway, real_node.directory) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def provider_ca() -> Issued:
+    """The private CA cert-manager's CA Issuer would hold."""
+    return mint_ca("cloudscale-autoscaler test CA")
+
+
+@pytest.fixture(scope="module")
+def release(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Release:
+    """The chart installed with `helm install --wait` into kube-system."""
+    values = chart_values(project_image, gateway_emulator.url)
+    directory = tmp_path_factory.mktemp("release")
+    done, seconds, secrets = helm_install(
+        real_node.kube, RELEASE, SYSTEM, values, provider_ca, directory,
+        "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    both = wait_for(
+        lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+        "helm returned, but both replicas Ready",
+    )  # fmt: skip
+    core = real_node.core()
+    cloud_config = core.read_namespaced_config_map(f"{FULLNAME}-cloud-config", SYSTEM)
+    address = yaml.safe_load(cloud_config.data["cloud-config"])["address"]
+    service = core.read_namespaced_service(FULLNAME, SYSTEM)
+    real_node.timings["helm install --wait"] = seconds
+    real_node.timings["helm install -> both Ready"] = seconds + both
+    return Release(values, seconds, seconds + both, secrets, address, service.spec.cluster_ip)
+
+
+@pytest.fixture(scope="module")
+def ca_client(release: Release, tmp_path_factory: pytest.TempPathFactory) -> ClientFiles:
+    """CA's client certificate Secret, as the files CA mounts."""
+    secret = release.secrets[f"{FULLNAME}-client-tls"]
+    return ClientFiles(write_secret_files(secret, tmp_path_factory.mktemp("ca-client")))
+
+
+def provider_pods(node: RealNode) -> list[Any]:
+    return live_pods(node.core(), SYSTEM, RELEASE_PODS)
+
+
+def test_helm_install_waits_for_two_ready_replicas(
+    real_node: RealNode, release: Release, ca_client: ClientFiles
+) -> None:
+    """`helm install --wait` returned and both Pods are Ready by the kubelet's probes of the
+    real processes, on the real node: one answers /readyz as the leader, the other as its
+    standby. The EndpointSlice lists the leader alone, and through the Service's ClusterIP,
+    under the certificate's DNS name, the leader answers CA's first call."""
+    assert release.install_seconds < INSTALL_LIMIT_SECONDS
+    pods = provider_pods(real_node)
+    assert len(pods) == 2 and all(map(ready, pods)), [p.status for p in pods]
+    assert {pod.spec.node_name for pod in pods} == {real_node.name}
+    leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+    answers = {pod.metadata.name: readyz(pod) for pod in pods}
+    assert answers.pop(leader) == "ready: leader", answers
+    [standby_answer] = answers.values()
+    assert standby_answer.startswith("ready: this replica is a standby"), standby_answer
+    assert leader in standby_answer
+    wait_for(lambda: slice_pods(real_node.kube, SYSTEM, FULLNAME) == [leader], 30,
+             "the EndpointSlice listing the leader alone")  # fmt: skip
+    # kube-proxy programs the endpoint a moment after the leader wrote it.
+    probe = release.probe(ca_client)
+    wait_for(lambda: probe.call() == {"workers": MAX_SIZE}, 10, "the leader answering CA")
+    print(f"helm install --wait {release.install_seconds:.1f}s, both Ready after "
+          f"{release.ready_seconds:.1f}s")  # fmt: skip
+
+
+# Installs that must not count as installed: a helm --wait timeout short for them but several
+# times what the good install takes here; each is observed this long after it started, then removed.
+RED_TIMEOUT = "30s"
+RED_OBSERVED_SECONDS = 40.0
+# The chart 0.1.x way: only the leader Ready (its /readyz body says so), the standby never.
+LEADER_ONLY_PROBE = {
+    "exec": {"command": ["python", "-c", (
+        "import sys, urllib.request\n"
+        "body = urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=2).read()\n"
+        "sys.exit(0 if body.startswith(b'ready: leader') else 1)"
+    )]},
+    "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2,
+}  # fmt: skip
+POST_RENDERER = """#!{python}
+# Replaces the provider's readiness probe in the rendered chart (helm --post-renderer).
+import json, sys, yaml
+docs = [doc for doc in yaml.safe_load_all(sys.stdin) if doc]
+for doc in docs:
+    if doc["kind"] == "Deployment":
+        doc["spec"]["template"]["spec"]["containers"][0]["readinessProbe"] = json.loads({probe!r})
+yaml.safe_dump_all(docs, sys.stdout)
+"""
+
+
+@dataclass(frozen=True)
+class Red:
+    """An install that cannot become what the install test asks: its values on top of the
+    good install's, or a post-renderer's probe; helm's own timeout."""
+
+    release: str
+    values: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None
+    timeout: str = RED_TIMEOUT
+
+
+RED = {
+    # The loader wants renewDeadline > 1.2 x retryPeriod; values.schema.json cannot say so.
+    "serve refuses its config": Red(
+        "refused", {"kubernetes": {"leaderElection": {"retryPeriod": "9s"}}}
+    ),
+    # Ready means the cloud API answered: nothing listens at this URL.
+    "the cloud never answers": Red("unanswered", {"config": {"cloudscale": {"url": None}}}),
+    # helm counts a Deployment ready at replicas - maxUnavailable Ready Pods: 1 here, so it
+    # returns; a longer timeout keeps a slow start from failing it.
+    "only the leader is Ready": Red("leaderonly", probe=LEADER_ONLY_PROBE, timeout="90s"),
+}
+
+
+@dataclass
+class RedOutcome:
+    helm: subprocess.CompletedProcess[str]
+    all_ready: bool  # the install test's own check: every replica Ready, rolled out
+    pods: list[Any]
+    leader: str
+    logs: dict[str, str]  # each Pod's (previous, for a restarted one) container log
+    readyz: dict[str, str]
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = deep_merge(base[key], value) if both else value
+    return merged
+
+
+def red_install(
+    node: RealNode, red: Red, values: dict[str, Any], ca: Issued, directory: Path
+) -> RedOutcome:
+    """Install `red` into a namespace of its own, watch it until RED_OBSERVED_SECONDS, note
+    what it became, uninstall it."""
+    namespace = node.namespace(f"red-{red.release}")
+    started = time.monotonic()
+    args = ["--timeout", red.timeout]
+    if red.probe is not None:
+        renderer = directory / f"{red.release}-post-renderer"
+        script = POST_RENDERER.format(python=sys.executable, probe=json.dumps(red.probe))
+        renderer.write_text(script)
+        renderer.chmod(0o755)
+        args += ["--post-renderer", str(renderer)]
+    done, _, _ = helm_install(node.kube, red.release, namespace, values, ca, directory, *args)
+    time.sleep(max(0.0, RED_OBSERVED_SECONDS - (time.monotonic() - started)))
+    outcome = observe(node, namespace, red.release, done)
+    helm(node.kube, "uninstall", red.release, "--namespace", namespace, "--wait")
+    return outcome
+
+
+def observe(
+    node: RealNode, namespace: str, release: str, done: subprocess.CompletedProcess[str]
+) -> RedOutcome:
+    core, fullname = node.core(), f"{release}-cloudscale-autoscaler"
+    selector = f"app.kubernetes.io/instance={release}"
+    pods = live_pods(core, namespace, selector)
+    logs, answers = {}, {}
+    for pod in pods:
+        name = pod.metadata.name
+        restarted = any(s.restart_count for s in pod.status.container_statuses or [])
+        with contextlib.suppress(k8s.ApiException):
+            logs[name] = core.read_namespaced_pod_log(name, namespace, previous=restarted)
+        with contextlib.suppress(httpx.HTTPError):
+            answers[name] = readyz(pod)
+    try:
+        leader = lease_holder(node.kube, namespace, fullname)
+    except k8s.ApiException:
+        leader = ""  # no replica ever led
+    complete = all_ready(node.kube, namespace, fullname, selector)
+    return RedOutcome(done, complete, pods, leader, logs, answers)
+
+
+@pytest.fixture(scope="module")
+def red_outcomes(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, RedOutcome]:
+    """Every RED install at once (each waits out its timeout: one after the other would
+    take three times as long)."""
+    directory = tmp_path_factory.mktemp("red")
+    good = chart_values(project_image, gateway_emulator.url)
+    unanswered = f"http://{real_node.gateway}:{free_port()}/v1"  # nothing listens there
+    with ThreadPoolExecutor(len(RED)) as pool:
+        futures = {}
+        for name, red in RED.items():
+            values = deep_merge(good, red.values)
+            if values["config"]["cloudscale"]["url"] is None:
+                values["config"]["cloudscale"]["url"] = unanswered
+            futures[name] = pool.submit(red_install, real_node, red, values, provider_ca, directory)
+        return {name: future.result() for name, future in futures.items()}
+
+
+def helm_failed(outcome: RedOutcome) -> str:
+    output = outcome.helm.stdout + outcome.helm.stderr
+    assert outcome.helm.returncode != 0, output
+    assert "context deadline exceeded" in output, output
+    return output
+
+
+def test_an_install_whose_config_serve_refuses_fails(red_outcomes: dict[str, RedOutcome]) -> None:
+    """A value the chart's schema lets through and `serve` refuses: the containers exit at
+    start, helm install --wait fails at its timeout, and the log names the value."""
+    outcome = red_outcomes["serve refuses its config"]
+    helm_failed(outcome)
+    assert not outcome.all_ready
+    for pod in outcome.pods:
+        [status] = pod.status.container_statuses
+        assert status.restart_count > 0 and not status.ready, status
+    refusal = "must be greater than 1.2 x retryPeriod"
+    assert any(refusal in log for log in outcome.logs.values()), outcome.logs
+
+
+def test_an_install_whose_cloud_never_answers_fails(red_outcomes: dict[str, RedOutcome]) -> None:
+    """`serve` runs (no restarts) but is never Ready: the cloud API never answered. helm
+    install --wait fails at its timeout."""
+    outcome = red_outcomes["the cloud never answers"]
+    helm_failed(outcome)
+    assert not outcome.all_ready
+    assert len(outcome.pods) == 2 and not any(map(ready, outcome.pods))
+    for pod in outcome.pods:
+        assert pod.status.container_statuses[0].restart_count == 0
+    assert all(body.startswith("not ready") for body in outcome.readyz.values()), outcome.readyz
+
+
+def test_leader_only_readiness_fails_the_install_check(red_outcomes: dict[str, RedOutcome]) -> None:
+    """The old leader-only readiness: helm --wait returns (it needs replicas - maxUnavailable
+    = 1 Ready Pod), but the standby is never Ready, so the rollout never completes and the
+    install test's check fails, as it must."""
+    outcome = red_outcomes["only the leader is Ready"]
+    assert outcome.helm.returncode == 0, outcome.helm.stdout + outcome.helm.stderr
+    assert not outcome.all_ready
+    readiness = {pod.metadata.name: ready(pod) for pod in outcome.pods}
+    assert readiness == {name: name == outcome.leader for name in readiness}, readiness

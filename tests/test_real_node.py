@@ -7,7 +7,10 @@ imported into containerd, runs as a Job and talks to the API server with in-clus
 Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): `helm
 install --wait` of the chart with two replicas becomes Ready by the kubelet's probes (and
 installs whose config `serve` refuses, whose cloud never answers, or whose readiness is the old
-leader-only one do not).
+leader-only one do not); the real Cluster Autoscaler on this host reaches it through the gRPC
+Service's ClusterIP, scales up from zero and down, and loses or doubles nothing when the
+leader's Pod is deleted during a scale-up; `helm upgrade` rolls the Pods while the Service
+keeps answering; the PodDisruptionBudget refuses evicting both.
 
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.
@@ -15,6 +18,7 @@ module to one worker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import ipaddress
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +36,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from fixtures.cluster import condition_true
+from fixtures.autoscaler import Autoscaler, run_autoscaler
+from fixtures.cluster import condition_true, running_kwok
 from fixtures.deployed import (
+    CHART,
     ClientFiles,
+    EmulatorView,
     GatewayEmulator,
     ServiceProbe,
     all_ready,
@@ -49,12 +56,23 @@ from fixtures.deployed import (
     write_secret_files,
 )
 from fixtures.node import NEEDS_NODE, RealNode
+from fixtures.stack import wait_until
 from fixtures.tools import free_port
 from kubernetes import client as k8s
 from kubernetes.stream import stream
-from test_ca_real import KUBELET_USER_DATA
+from test_ca_real import (
+    CA_FLAGS,
+    KUBELET_USER_DATA,
+    kubelets,
+    load,
+    load_pods,
+    scale_up_events,
+    wait_all_running,
+    wait_answered_and_creating,
+)
 
 from cloudscale_autoscaler.certs import Issued, mint_ca
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER
 
 pytestmark = [pytest.mark.kube, pytest.mark.node, NEEDS_NODE]
 
@@ -392,13 +410,24 @@ RELEASE = "csa"
 FULLNAME = f"{RELEASE}-cloudscale-autoscaler"
 RELEASE_PODS = f"app.kubernetes.io/instance={RELEASE}"
 CLUSTER_TAG = "real-node"
+CA_VERSION = "1.36.1"
 INSTALL_LIMIT_SECONDS = 180
+# The chart's leader election (its defaults): the Service follows a new leader within
+# leaseDuration plus a few seconds (docs/deployment.md). A deleted, evicted or rolled leader
+# gets SIGTERM and releases the Lease, so the other replica serves within a retryPeriod (2 s)
+# or so: the tests hold the handover to less than a leaseDuration, which a Lease left to
+# expire (a leader killed without SIGTERM) cannot meet.
+LEASE_SECONDS = 15
+ROUTE_BOUND_SECONDS = LEASE_SECONDS + 5
+HANDOVER_LIMIT_SECONDS = LEASE_SECONDS
+LOAD_PODS = 3
 MAX_SIZE = 5
 # Emulated servers' Nodes (kwok's) carry the group's label and taint: the load selects the
 # label, which the real node lacks, and tolerates the taint, which keeps the provider's own
 # Pods (and anything else) off those Nodes.
 POOL = {"pool": "emulated"}
 POOL_TAINT = {"key": "pool", "value": "emulated", "effect": "NoSchedule"}
+LOAD_PLACEMENT = {"nodeSelector": POOL, "tolerations": [{**POOL_TAINT, "operator": "Equal"}]}
 
 
 def group(**fields: Any) -> dict[str, Any]:
@@ -696,3 +725,277 @@ def test_leader_only_readiness_fails_the_install_check(red_outcomes: dict[str, R
     assert not outcome.all_ready
     readiness = {pod.metadata.name: ready(pod) for pod in outcome.pods}
     assert readiness == {name: name == outcome.leader for name in readiness}, readiness
+
+
+@pytest.fixture(scope="module")
+def kwok(real_node: RealNode) -> Iterator[None]:
+    """kwok, for the Nodes of emulated servers (the real node stays the kubelet's)."""
+    with running_kwok(real_node.kube, real_node.directory):
+        yield
+
+
+@pytest.fixture(scope="module")
+def autoscaler(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    kwok: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Autoscaler]:
+    """The real CA on this host with the chart's cloud-config: it dials the Service by the name
+    there, which its own /etc/hosts maps to the ClusterIP (no cluster DNS here), and verifies
+    the server certificate against that name; kube-proxy takes the connection to the Pod the
+    EndpointSlice lists."""
+    directory = tmp_path_factory.mktemp("ca")
+    core = real_node.core()
+    chart_config = core.read_namespaced_config_map(f"{FULLNAME}-cloud-config", SYSTEM)
+    cloud_config = yaml.safe_load(chart_config.data["cloud-config"])
+    # The chart's cloud-config names where CA's Pod mounts the client Secret; here, its files.
+    for key, name in (("cert", "tls.crt"), ("key", "tls.key"), ("cacert", "ca.crt")):
+        cloud_config[key] = str(ca_client.directory / name)
+    path = directory / "cloud-config.yaml"
+    path.write_text(yaml.safe_dump(cloud_config))
+    flags = (f"--address=127.0.0.1:{free_port()}", *CA_FLAGS, "--scale-down-unneeded-time=5s")
+    ca = run_autoscaler(
+        CA_VERSION, real_node.kube.admin_kubeconfig, path, directory / "ca.log", flags,
+        hosts={release.cluster_ip: [release.server_name]},
+    )  # fmt: skip
+    try:
+        yield ca
+    finally:
+        ca.stop()
+
+
+@pytest.fixture
+async def cloud(gateway_emulator: GatewayEmulator) -> AsyncIterator[EmulatorView]:
+    """The gateway's emulator, with an admin client for this test's event loop."""
+    view = EmulatorView(gateway_emulator.url, gateway_emulator.admin())
+    try:
+        yield view
+    finally:
+        await view.admin.aclose()
+
+
+@contextlib.asynccontextmanager
+async def stand_in(node: RealNode, cloud: EmulatorView) -> AsyncIterator[None]:
+    """The CCM and kubelet stand-in (tests/test_ca_real.py): a kwok Node per running server."""
+    task = asyncio.create_task(kubelets(node, cloud))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def our_servers(cloud: EmulatorView) -> list[dict[str, Any]]:
+    servers = await cloud.admin.servers()
+    return [s for s in servers if s["tags"].get(TAG_CLUSTER) == CLUSTER_TAG]
+
+
+async def scale_load(node: RealNode, replicas: int) -> None:
+    """The load Deployment at `replicas` (created the first time)."""
+    apps = k8s.AppsV1Api(node.kube.client())
+    try:
+        await asyncio.to_thread(apps.read_namespaced_deployment, "load", "default")
+    except k8s.ApiException:
+        await load(node, replicas, **LOAD_PLACEMENT)
+        return
+    patch = {"spec": {"replicas": replicas}}
+    await asyncio.to_thread(apps.patch_namespaced_deployment, "load", "default", patch)
+
+
+async def wait_servers(cloud: EmulatorView, ca: Autoscaler, count: int, what: str) -> None:
+    async def reached() -> bool:
+        ca.alive()
+        return len(await our_servers(cloud)) == count
+
+    try:
+        await wait_until(reached, 120, what)
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}; CA's last complaints:\n{ca.complaints()}") from None
+
+
+async def test_ca_scales_up_from_zero_and_down_through_the_service(
+    real_node: RealNode, autoscaler: Autoscaler, cloud: EmulatorView
+) -> None:
+    """Pending pods only a node of the group fits: CA asks our provider, through the gRPC
+    Service, for a node each (0 -> 3), the pods run on the emulated servers' Nodes and none on
+    the real node; two of them go, and CA deletes their idle nodes through it."""
+    async with stand_in(real_node, cloud):
+        await scale_load(real_node, LOAD_PODS)
+        await wait_all_running(real_node, autoscaler, LOAD_PODS, "the load never ran")
+        servers = {s["name"] for s in await our_servers(cloud)}
+        assert len(servers) == LOAD_PODS
+        assert f"workers 0->{LOAD_PODS} (max: {MAX_SIZE})" in autoscaler.output
+        pods = await load_pods(real_node)
+        assert {pod.spec.node_name for pod in pods} <= servers
+
+        await scale_load(real_node, 1)
+        await wait_servers(cloud, autoscaler, 1, "CA never deleted the idle nodes")
+        assert "removing empty node" in autoscaler.output
+
+
+@contextlib.asynccontextmanager
+async def faults_cleared(cloud: EmulatorView) -> AsyncIterator[None]:
+    """The emulator without faults afterwards, however the test ended (the module shares it)."""
+    try:
+        yield
+    finally:
+        await cloud.admin.clear_faults()
+
+
+def routed_past(node: RealNode, leader: str) -> bool:
+    """Another replica holds the Lease and the Service lists it alone. On SIGTERM the leader
+    releases the Lease; the standby usually takes it, the Pod replacing the leader sometimes
+    (it tries at once when it starts, the standby every retryPeriod): either serves."""
+    holder = lease_holder(node.kube, SYSTEM, FULLNAME)
+    return holder not in ("", leader) and slice_pods(node.kube, SYSTEM, FULLNAME) == [holder]
+
+
+async def test_deleting_the_leader_pod_during_a_scale_up_doubles_nothing(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    autoscaler: Autoscaler,
+    cloud: EmulatorView,
+) -> None:
+    """CA scales up by two while the API takes 8 s per create; once CA has our answer, the
+    leader's Pod is deleted through the API (`kubectl delete pod`: SIGTERM). The leader
+    releases the Lease, another replica takes it and the EndpointSlice within the documented
+    bound, counts the creates in flight from the journal, and CA's pods are served with one
+    server each: the scale-up planned once, nothing doubled."""
+    before = len(await our_servers(cloud))
+    target = before + 2
+    await cloud.admin.set_faults({"latency": {"create_server": {"fixed_ms": 8000}}})
+    earlier = await scale_up_events(real_node)
+    async with stand_in(real_node, cloud), faults_cleared(cloud):
+        await scale_load(real_node, target)
+        await wait_answered_and_creating(real_node, autoscaler, cloud, earlier)
+        leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+        replicas = {p.metadata.name for p in provider_pods(real_node)}
+        with release.probe(ca_client) as probe:
+            await asyncio.to_thread(real_node.core().delete_namespaced_pod, leader, SYSTEM)
+            moved = await asyncio.to_thread(
+                wait_for, lambda: routed_past(real_node, leader), ROUTE_BOUND_SECONDS,
+                "the Lease and the Service moved off the deleted leader",
+            )  # fmt: skip
+            taker = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+            assert (await cloud.admin.in_flight()).get("create_server", 0) > 0, "took over late"
+            await wait_all_running(real_node, autoscaler, target, "the load never ran")
+        servers = await our_servers(cloud)
+        assert len(servers) == target <= MAX_SIZE, [s["name"] for s in servers]
+        assert autoscaler.output.count(f"workers {before}->{target} (max: {MAX_SIZE})") == 1
+    gap = probe.longest_gap()
+    successor = "the standby" if taker in replicas else "the leader's replacement"
+    real_node.timings["leader deleted -> EndpointSlice"] = moved
+    real_node.timings["leader deleted: longest unanswered"] = gap
+    print(f"failover: {successor} in the EndpointSlice after {moved:.1f}s, longest unanswered "
+          f"{gap:.1f}s ({probe.summary()})")  # fmt: skip
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+
+
+def checksums(pods: list[Any]) -> set[str]:
+    return {pod.metadata.annotations["checksum/config"] for pod in pods}
+
+
+def ca_status_max_size(node: RealNode, group_name: str) -> int | None:
+    """The maxSize CA's status ConfigMap shows for a group (what CA itself was told)."""
+    status = node.core().read_namespaced_config_map("cluster-autoscaler-status", SYSTEM)
+    groups = yaml.safe_load(status.data["status"]).get("nodeGroups") or []
+    sizes = [g["health"]["maxSize"] for g in groups if g["name"] == group_name]
+    return sizes[0] if sizes else None
+
+
+def test_helm_upgrade_rolls_the_pods_and_ca_keeps_its_provider(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    autoscaler: Autoscaler,
+    tmp_path: Path,
+) -> None:
+    """`helm upgrade --wait` with the group's maxSize changed: the config's checksum rolls both
+    Pods, one at a time; calls through the Service go unanswered no longer than the documented
+    bound, and afterwards the new maxSize is what the Service answers and what CA shows."""
+    wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+             "both replicas Ready before the upgrade")  # fmt: skip
+    old = provider_pods(real_node)
+    bigger = {"config": {"nodeGroups": [group(maxSize=MAX_SIZE + 1)]}}
+    values = deep_merge(release.values, bigger)
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    log_before = len(autoscaler.output)
+    with release.probe(ca_client) as probe:
+        started = time.monotonic()
+        done = helm(
+            real_node.kube, "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM,
+            "-f", str(path), "--wait", "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+        def rolled() -> bool:
+            return all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS) and (
+                (probe.last_answer() or {}).get("workers") == MAX_SIZE + 1
+            )
+
+        wait_for(rolled, 120, "the upgrade rolled out to a leader of the new config")
+        rollout = time.monotonic() - started
+    new = provider_pods(real_node)
+    assert not {p.metadata.name for p in old} & {p.metadata.name for p in new}, "not rolled"
+    assert len(checksums(old)) == len(checksums(new)) == 1 and checksums(old) != checksums(new)
+    gap = probe.longest_gap()
+    ca_errors = autoscaler.output[log_before:].count("rpc error")
+    real_node.timings["helm upgrade -> rolled"] = rollout
+    real_node.timings["helm upgrade: longest unanswered"] = gap
+    print(f"upgrade: rolled out in {rollout:.1f}s, longest unanswered {gap:.1f}s "
+          f"({probe.summary()}; {ca_errors} rpc error lines in CA's log)")  # fmt: skip
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 1, 30,
+             f"CA's status showing maxSize {MAX_SIZE + 1}")  # fmt: skip
+
+
+def evict(node: RealNode, name: str) -> None:
+    """The Eviction API (policy/v1), as `kubectl drain` uses it."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": SYSTEM}}  # fmt: skip
+    node.core().create_namespaced_pod_eviction(name, SYSTEM, body)
+
+
+def budget_settled(node: RealNode) -> bool:
+    """The PodDisruptionBudget counts both replicas healthy and allows one disruption."""
+    pdb = k8s.PolicyV1Api(node.kube.client()).read_namespaced_pod_disruption_budget(
+        FULLNAME, SYSTEM
+    )
+    status = pdb.status
+    return bool(
+        status.observed_generation == pdb.metadata.generation
+        and status.current_healthy == 2
+        and status.disruptions_allowed == 1
+    )
+
+
+def test_the_budget_refuses_evicting_both_replicas(
+    real_node: RealNode, release: Release, ca_client: ClientFiles
+) -> None:
+    """Evicting the leader is allowed; evicting the other replica right after is refused by
+    the PodDisruptionBudget (429). The Service keeps a provider: the Lease and the endpoint
+    move to a replica that was not evicted."""
+    wait_for(lambda: budget_settled(real_node), 60, "the PDB allowing one disruption of two")
+    leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+    [standby] = [p.metadata.name for p in provider_pods(real_node) if p.metadata.name != leader]
+    with release.probe(ca_client) as probe:
+        evict(real_node, leader)
+        with pytest.raises(k8s.ApiException) as refused:
+            evict(real_node, standby)
+
+        wait_for(lambda: routed_past(real_node, leader), 30,
+                 "the Lease and the Service moved off the evicted leader")  # fmt: skip
+        time.sleep(1)  # a few calls to the new leader
+    assert refused.value.status == 429, refused.value
+    assert "disruption budget" in str(refused.value.body), refused.value.body
+    gap = probe.longest_gap()
+    real_node.timings["eviction: longest unanswered"] = gap
+    print(f"evictions: longest unanswered {gap:.1f}s ({probe.summary()})")
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+    wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+             "both replicas Ready again")  # fmt: skip

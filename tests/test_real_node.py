@@ -10,7 +10,7 @@ installs whose config `serve` refuses, whose cloud never answers, or whose readi
 leader-only one do not); the real Cluster Autoscaler on this host reaches it through the gRPC
 Service's ClusterIP, scales up from zero and down, and loses or doubles nothing when the
 leader's Pod is deleted during a scale-up; `helm upgrade` rolls the Pods while the Service
-keeps answering; the PodDisruptionBudget refuses evicting both.
+keeps answering; the PodDisruptionBudget refuses evicting both; the kustomize base rolls out.
 
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.
@@ -23,6 +23,7 @@ import contextlib
 import http.server
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -40,24 +41,31 @@ from fixtures.autoscaler import Autoscaler, run_autoscaler
 from fixtures.cluster import condition_true, running_kwok
 from fixtures.deployed import (
     CHART,
+    KUSTOMIZE_BASE,
     ClientFiles,
     EmulatorView,
     GatewayEmulator,
     ServiceProbe,
     all_ready,
+    apply,
+    certificates,
+    create_secrets,
+    create_unless_exists,
     helm,
     helm_install,
     lease_holder,
     live_pods,
     readyz,
+    rendered,
     running_emulator,
     slice_pods,
+    token_secret,
     wait_for,
     write_secret_files,
 )
 from fixtures.node import NEEDS_NODE, RealNode
 from fixtures.stack import wait_until
-from fixtures.tools import free_port
+from fixtures.tools import KUSTOMIZE, ensure, free_port
 from kubernetes import client as k8s
 from kubernetes.stream import stream
 from test_ca_real import (
@@ -397,7 +405,7 @@ def _wait_job_complete(batch: k8s.BatchV1Api, name: str) -> None:
         time.sleep(0.2)
 
 
-# --- the chart on the real node -------------------------------------------------------------
+# --- the chart and the kustomize base on the real node ---------------------------------------
 #
 # The provider as users deploy it, from the image built above: `helm install --wait` with two
 # replicas and leader election, certificates in the Secrets cert-manager writes (issued here:
@@ -999,3 +1007,77 @@ def test_the_budget_refuses_evicting_both_replicas(
     assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
     wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
              "both replicas Ready again")  # fmt: skip
+
+
+def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
+    """What a user's overlay of the base changes here: the image (imported, never pulled), the
+    config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the tainted
+    Nodes of emulated servers count as places for a replica), and no cert-manager objects (no
+    cert-manager here: its Secrets are created as it would)."""
+    config = yaml.safe_load((KUSTOMIZE_BASE / "config.yaml").read_text())
+    config["cluster"] = "kustomized"
+    config["cloudscale"]["url"] = cloud_url
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    repository, _, tag = image.rpartition(":")
+    deployment_patch = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy",
+         "value": "Never"},
+        {"op": "replace", "path": "/spec/template/spec/topologySpreadConstraints/0/"
+         "whenUnsatisfiable", "value": "ScheduleAnyway"},
+    ]  # fmt: skip
+    no_cert_manager = {"$patch": "delete", "apiVersion": "cert-manager.io/v1", "kind": "Any",
+                       "metadata": {"name": "any"}}  # fmt: skip
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes no absolute path here.
+        "resources": [os.path.relpath(KUSTOMIZE_BASE, directory)],
+        "images": [{"name": "ghcr.io/cloudscale-autoscaler/cloudscale-autoscaler",
+                    "newName": repository, "newTag": tag}],
+        "configMapGenerator": [{"name": "cloudscale-autoscaler-config", "behavior": "replace",
+                                "files": ["config.yaml"]}],
+        "patches": [
+            {"target": {"kind": "Deployment", "name": "cloudscale-autoscaler"},
+             "patch": json.dumps(deployment_patch)},
+            {"target": {"group": "cert-manager.io"}, "patch": yaml.safe_dump(no_cert_manager)},
+        ],
+    }  # fmt: skip
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+# The base's Pods (the chart's carry app.kubernetes.io/instance too).
+BASE_PODS = "app.kubernetes.io/name=cloudscale-autoscaler,!app.kubernetes.io/instance"
+
+
+def test_the_kustomize_base_rolls_out_two_ready_replicas(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path: Path,
+) -> None:
+    """The base through an overlay, applied server-side as `kubectl apply -k` would, with the
+    token and certificate Secrets first: both replicas Ready by the kubelet's probes, the
+    rollout complete, the gRPC Service's EndpointSlice listing the leader alone."""
+    overlay = kustomize_overlay(tmp_path, project_image, gateway_emulator.url)
+    built = subprocess.run([ensure(KUSTOMIZE), "build", str(overlay)], capture_output=True,
+                           text=True, timeout=120, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    documents = rendered(built.stdout)
+    assert not certificates(documents), "the overlay kept cert-manager objects"
+    core = real_node.core()
+    # The chart's install above uses the same name: the user's one Secret.
+    create_unless_exists(core, SYSTEM, token_secret("cloudscale-autoscaler-token"))
+    base_certificates = rendered((KUSTOMIZE_BASE / "certificates.yaml").read_text())
+    create_secrets(real_node.kube, SYSTEM, base_certificates, provider_ca)
+    apply(real_node.kube, documents, "kustomize-test")
+    name = "cloudscale-autoscaler"
+    rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
+                      "the base's replicas Ready")  # fmt: skip
+    real_node.timings["kustomize apply -> both Ready"] = rolled
+    leader = lease_holder(real_node.kube, SYSTEM, name)
+    assert leader in {p.metadata.name for p in live_pods(core, SYSTEM, BASE_PODS)}
+    wait_for(lambda: slice_pods(real_node.kube, SYSTEM, name) == [leader], 30,
+             "the base's EndpointSlice listing the leader alone")  # fmt: skip
+    print(f"kustomize: both Ready {rolled:.1f}s after the apply")

@@ -614,7 +614,7 @@ class RedOutcome:
     all_ready: bool  # the install test's own check: every replica Ready, rolled out
     pods: list[Any]
     leader: str
-    logs: dict[str, str]  # each Pod's (previous, for a restarted one) container log
+    logs: dict[str, str]  # each Pod's container logs
     readyz: dict[str, str]
 
 
@@ -656,9 +656,7 @@ def observe(
     logs, answers = {}, {}
     for pod in pods:
         name = pod.metadata.name
-        restarted = any(s.restart_count for s in pod.status.container_statuses or [])
-        with contextlib.suppress(k8s.ApiException):
-            logs[name] = core.read_namespaced_pod_log(name, namespace, previous=restarted)
+        logs[name] = container_logs(core, namespace, name)
         with contextlib.suppress(httpx.HTTPError):
             answers[name] = readyz(pod)
     try:
@@ -667,6 +665,16 @@ def observe(
         leader = ""  # no replica ever led
     complete = all_ready(node.kube, namespace, fullname, selector)
     return RedOutcome(done, complete, pods, leader, logs, answers)
+
+
+def container_logs(core: k8s.CoreV1Api, namespace: str, name: str) -> str:
+    """The Pod's container logs, the last run's and the one before (a crash-looping container
+    may be between the two: either can be gone or not started yet)."""
+    found = []
+    for previous in (True, False):
+        with contextlib.suppress(k8s.ApiException):
+            found.append(core.read_namespaced_pod_log(name, namespace, previous=previous))
+    return "".join(found)
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ pytest_plugins = [
     "fixtures.node",
 ]
 
-# The two longest modules start first, one on each of the two workers (pyproject.toml's
-# addopts): the release's wheel builds (about 5 min) and the real CA's scenarios (about 6 min).
-# Reached last, either kept one worker busy for minutes after the other had run out of work.
-LONGEST_FIRST = ("test_release.py", "test_ca_real.py")
+# The longest modules start first, one on each of the two workers (pyproject.toml's addopts):
+# the release's wheel builds (about 5 min) and the real CA's scenarios (about 6 min), then the
+# real node's (about 2.5 min: the chart, CA through it, the kustomize base). Reached last,
+# any of them kept one worker busy for minutes after the other had run out of work.
+LONGEST_FIRST = ("test_release.py", "test_ca_real.py", "test_real_node.py")
 
 
 def _rank(item: pytest.Item) -> int:

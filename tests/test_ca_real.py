@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import re
 import socket
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import httpx
 import pytest
 import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
-from fixtures.autoscaler import GENERATIONS, ensure_autoscaler
+from fixtures.autoscaler import GENERATIONS, Autoscaler, run_autoscaler
 from fixtures.cluster import KWOK_ANNOTATION, Cluster, running_cluster
 from fixtures.emulator import AUTH_HEADERS, TOKEN, RunningEmulator
 from fixtures.kube import NEEDS_KUBE, reset_election, running_kube
@@ -166,14 +165,19 @@ async def gpu_counts(emulator: RunningEmulator) -> dict[str, int]:
 
 async def kubelets(cluster: Cluster, emulator: RunningEmulator) -> None:
     """Nodes follow the emulator's running servers, until cancelled; a GPU server's GPUs
-    appear DEVICE_PLUGIN_SECONDS after its Node."""
+    appear DEVICE_PLUGIN_SECONDS after its Node. Only kwok's Nodes: a real Node of the
+    cluster (fixtures/node.py) is its kubelet's."""
     api = cluster.core()
     gpus = await gpu_counts(emulator)
     loop = asyncio.get_running_loop()
     registered: dict[str, float] = {}
     while True:
         servers = {s["name"]: s for s in await emulator.admin.servers() if s["status"] == "running"}
-        nodes = {n.metadata.name: n for n in (await asyncio.to_thread(api.list_node)).items}
+        nodes = {
+            n.metadata.name: n
+            for n in (await asyncio.to_thread(api.list_node)).items
+            if KWOK_ANNOTATION in (n.metadata.annotations or {})
+        }
         if servers.keys() - nodes.keys():
             user_data = await emulator.admin.user_data()
         for name in servers.keys() - nodes.keys():
@@ -191,23 +195,13 @@ async def kubelets(cluster: Cluster, emulator: RunningEmulator) -> None:
         await asyncio.sleep(0.5)
 
 
-class Autoscaler:
-    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
-        self.process = process
-        self.log = log
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> None:
-        if self.process.poll() is not None:
-            raise AssertionError(f"CA exited {self.process.returncode}:\n{self.output[-4000:]}")
-
-    def complaints(self, count: int = 12) -> str:
-        """CA's last `count` warning and error lines (klog's W and E), for a failure message."""
-        lines = [line for line in self.output.splitlines() if line[:1] in ("W", "E")]
-        return "\n".join(lines[-count:])
+# What every scenario runs CA with: quick loops and no waits between scale-downs.
+CA_FLAGS = (
+    f"--namespace={NAMESPACE}", "--leader-elect=false", "--scan-interval=2s",
+    "--scale-down-delay-after-add=0s", "--scale-down-delay-after-delete=0s",
+    "--node-delete-delay-after-taint=0s", "--max-node-provision-time=2m", "--v=2",
+    "--logtostderr",
+)  # fmt: skip
 
 
 def start_autoscaler(
@@ -225,18 +219,9 @@ def start_autoscaler(
         "key": str(pki.client_key), "cacert": str(pki.ca_cert), "grpc_timeout": "10s",
     }))  # fmt: skip
     log = directory / f"cluster-autoscaler-{version}.log"
-    argv = [
-        str(ensure_autoscaler(version)), "--cloud-provider=externalgrpc",
-        f"--cloud-config={cloud_config}", f"--kubeconfig={cluster.kube.admin_kubeconfig}",
-        f"--namespace={NAMESPACE}", "--leader-elect=false", "--scan-interval=2s",
-        "--scale-down-delay-after-add=0s", "--scale-down-delay-after-delete=0s",
-        "--node-delete-delay-after-taint=0s",
-        "--max-node-provision-time=2m", f"--address=127.0.0.1:{free_port()}", "--v=2",
-        "--logtostderr", *flags,
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    return Autoscaler(process, log)
+    kubeconfig = cluster.kube.admin_kubeconfig
+    own = (f"--address=127.0.0.1:{free_port()}", *CA_FLAGS, *flags)
+    return run_autoscaler(version, kubeconfig, cloud_config, log, own)
 
 
 async def clean(cluster: Cluster) -> None:
@@ -314,7 +299,9 @@ async def servers_of(emulator: RunningEmulator, name: str) -> list[dict[str, Any
     ]  # fmt: skip
 
 
-def pending_pods(count: int, gpus: int = 0) -> dict[str, Any]:
+def pending_pods(count: int, gpus: int = 0, **placement: Any) -> dict[str, Any]:
+    """The load: `count` Pods CA must find nodes for; `placement` adds to their spec
+    (nodeSelector, tolerations)."""
     resources: dict[str, Any] = {"requests": {"cpu": POD_CPU, "memory": "100Mi"}}
     if gpus:
         # An extended resource is asked for by its limit (the request follows it).
@@ -327,15 +314,15 @@ def pending_pods(count: int, gpus: int = 0) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": {"app": "load"}},
                 "spec": {"containers": [{"name": "load", "image": "load",
-                                         "resources": resources}]},
+                                         "resources": resources}], **placement},
             },
         },
     }  # fmt: skip
 
 
-async def load(cluster: Cluster, replicas: int, gpus: int = 0) -> None:
+async def load(cluster: Cluster, replicas: int, gpus: int = 0, **placement: Any) -> None:
     apps = k8s.AppsV1Api(cluster.kube.client())
-    deployment = pending_pods(replicas, gpus)
+    deployment = pending_pods(replicas, gpus, **placement)
     await asyncio.to_thread(apps.create_namespaced_deployment, "default", deployment)
 
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.cluster import Cluster, cert_manager_crds, condition_true, running_cluster
+from fixtures.deployed import rollout_complete
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.kube import NEEDS_KUBE, running_kube
 from fixtures.stack import wait_until
@@ -74,17 +75,6 @@ def _wait_established(cluster: Cluster, names: list[str]) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"cert-manager's CRDs were not established: {names}")
-
-
-def rollout_complete(deployment: Any) -> bool:
-    """What `kubectl rollout status` waits for (its DeploymentStatusViewer)."""
-    spec, status = deployment.spec, deployment.status
-    return bool(
-        (status.observed_generation or 0) >= deployment.metadata.generation
-        and (status.updated_replicas or 0) == spec.replicas
-        and (status.replicas or 0) == (status.updated_replicas or 0)
-        and (status.available_replicas or 0) == (status.updated_replicas or 0)
-    )
 
 
 async def wait_rollout(cluster: Cluster, namespace: str, name: str, limit: float) -> None:

@@ -4,25 +4,83 @@ kubelet's own probe both ways; a ClusterIP Service reaches its Pod through kube-
 host and from another Pod; a Pod reaches this host but nothing beyond it; the project's image,
 imported into containerd, runs as a Job and talks to the API server with in-cluster config.
 
+Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): `helm
+install --wait` of the chart with two replicas becomes Ready by the kubelet's probes (and
+installs whose config `serve` refuses, whose cloud never answers, or whose readiness is the old
+leader-only one do not); the real Cluster Autoscaler on this host reaches it through the gRPC
+Service's ClusterIP, scales up from zero and down, and loses or doubles nothing when the
+leader's Pod is deleted during a scale-up; `helm upgrade` rolls the Pods while the Service
+keeps answering; the PodDisruptionBudget refuses evicting both; the kustomize base rolls out.
+
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http.server
 import ipaddress
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fixtures.cluster import condition_true
+import yaml
+from fixtures.autoscaler import Autoscaler, run_autoscaler
+from fixtures.cluster import condition_true, running_kwok
+from fixtures.deployed import (
+    CHART,
+    KUSTOMIZE_BASE,
+    ClientFiles,
+    EmulatorView,
+    GatewayEmulator,
+    ServiceProbe,
+    all_ready,
+    apply,
+    certificates,
+    create_secrets,
+    create_unless_exists,
+    helm,
+    helm_install,
+    lease_holder,
+    live_pods,
+    readyz,
+    rendered,
+    running_emulator,
+    slice_pods,
+    token_secret,
+    wait_for,
+    write_secret_files,
+)
 from fixtures.node import NEEDS_NODE, RealNode
+from fixtures.stack import wait_until
+from fixtures.tools import KUSTOMIZE, ensure, free_port
 from kubernetes import client as k8s
 from kubernetes.stream import stream
+from test_ca_real import (
+    CA_FLAGS,
+    KUBELET_USER_DATA,
+    kubelets,
+    load,
+    load_pods,
+    scale_up_events,
+    wait_all_running,
+    wait_answered_and_creating,
+)
+
+from cloudscale_autoscaler.certs import Issued, mint_ca
+from cloudscale_autoscaler.cloud.models import TAG_CLUSTER
 
 pytestmark = [pytest.mark.kube, pytest.mark.node, NEEDS_NODE]
 
@@ -345,3 +403,689 @@ def _wait_job_complete(batch: k8s.BatchV1Api, name: str) -> None:
         assert not condition_true(job.status, "Failed"), job.status
         assert time.monotonic() < deadline, f"Job {name} not complete: {job.status}"
         time.sleep(0.2)
+
+
+# --- the chart and the kustomize base on the real node ---------------------------------------
+#
+# The provider as users deploy it, from the image built above: `helm install --wait` with two
+# replicas and leader election, certificates in the Secrets cert-manager writes (issued here:
+# no cert-manager controller runs), the token Secret, and the config pointed at the emulator on
+# the gateway. One install serves the scenarios after it: the real CA on this host through the
+# gRPC Service's ClusterIP, a failover by `kubectl delete pod`, a `helm upgrade`, evictions.
+
+SYSTEM = "kube-system"  # where CA runs, so where its provider's objects are
+RELEASE = "csa"
+FULLNAME = f"{RELEASE}-cloudscale-autoscaler"
+RELEASE_PODS = f"app.kubernetes.io/instance={RELEASE}"
+CLUSTER_TAG = "real-node"
+CA_VERSION = "1.36.1"
+INSTALL_LIMIT_SECONDS = 180
+# The chart's leader election (its defaults): the Service follows a new leader within
+# leaseDuration plus a few seconds (docs/deployment.md). A deleted, evicted or rolled leader
+# gets SIGTERM and releases the Lease, so the other replica serves within a retryPeriod (2 s)
+# or so: the tests hold the handover to less than a leaseDuration, which a Lease left to
+# expire (a leader killed without SIGTERM) cannot meet.
+LEASE_SECONDS = 15
+ROUTE_BOUND_SECONDS = LEASE_SECONDS + 5
+HANDOVER_LIMIT_SECONDS = LEASE_SECONDS
+LOAD_PODS = 3
+MAX_SIZE = 5
+# Emulated servers' Nodes (kwok's) carry the group's label and taint: the load selects the
+# label, which the real node lacks, and tolerates the taint, which keeps the provider's own
+# Pods (and anything else) off those Nodes.
+POOL = {"pool": "emulated"}
+POOL_TAINT = {"key": "pool", "value": "emulated", "effect": "NoSchedule"}
+LOAD_PLACEMENT = {"nodeSelector": POOL, "tolerations": [{**POOL_TAINT, "operator": "Equal"}]}
+
+
+def group(**fields: Any) -> dict[str, Any]:
+    """The node group: its Nodes (kwok's here) get its label and taint from the user data."""
+    return {"name": "workers", "minSize": 0, "maxSize": MAX_SIZE, "flavor": "flex-4-2",
+            "image": "debian-12", "zone": "lpg1", "labels": POOL, "taints": [POOL_TAINT],
+            "userData": KUBELET_USER_DATA, **fields}  # fmt: skip
+
+
+def chart_values(image: str, cloud_url: str) -> dict[str, Any]:
+    """What a user sets: the image (imported, never pulled), no cert-manager, the cloud API
+    (the emulator), a node group. ScheduleAnyway: the one node the replicas can use has the
+    tainted Nodes of emulated servers beside it, which DoNotSchedule counts as places for a
+    replica too (nodeTaintsPolicy Ignore), so a replica replacing one would stay Pending.
+    ScheduleAnyway keeps the chart's spreading as a preference; `enabled: false` would drop
+    it."""
+    repository, _, tag = image.rpartition(":")
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "certManager": {"enabled": False},
+        "topologySpread": {"whenUnsatisfiable": "ScheduleAnyway"},
+        "config": {"cluster": CLUSTER_TAG, "cloudscale": {"url": cloud_url},
+                   "nodeGroups": [group()]},
+    }  # fmt: skip
+
+
+@dataclass
+class Release:
+    """The module's install and what CA needs to reach it."""
+
+    values: dict[str, Any]
+    install_seconds: float  # helm install --wait
+    ready_seconds: float  # helm install started -> both Pods Ready
+    secrets: dict[str, dict[str, Any]]
+    address: str  # the cloud-config's: <Service name>:<port>
+    cluster_ip: str
+
+    @property
+    def server_name(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    def probe(self, client: ClientFiles) -> ServiceProbe:
+        port = self.address.rpartition(":")[2]
+        return ServiceProbe(f"{self.cluster_ip}:{port}", self.server_name, client)
+
+
+@pytest.fixture(scope="module")
+def gateway_emulator(real_node: RealNode) -> Iterator[GatewayEmulator]:
+    with running_emulator(real_node.gateway, real_node.directory) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def provider_ca() -> Issued:
+    """The private CA cert-manager's CA Issuer would hold."""
+    return mint_ca("cloudscale-autoscaler test CA")
+
+
+@pytest.fixture(scope="module")
+def release(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Release:
+    """The chart installed with `helm install --wait` into kube-system."""
+    values = chart_values(project_image, gateway_emulator.url)
+    directory = tmp_path_factory.mktemp("release")
+    done, seconds, secrets = helm_install(
+        real_node.kube, RELEASE, SYSTEM, values, provider_ca, directory,
+        "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    both = wait_for(
+        lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+        "helm returned, but both replicas Ready",
+    )  # fmt: skip
+    core = real_node.core()
+    cloud_config = core.read_namespaced_config_map(f"{FULLNAME}-cloud-config", SYSTEM)
+    address = yaml.safe_load(cloud_config.data["cloud-config"])["address"]
+    service = core.read_namespaced_service(FULLNAME, SYSTEM)
+    real_node.timings["helm install --wait"] = seconds
+    real_node.timings["helm install -> both Ready"] = seconds + both
+    return Release(values, seconds, seconds + both, secrets, address, service.spec.cluster_ip)
+
+
+@pytest.fixture(scope="module")
+def ca_client(release: Release, tmp_path_factory: pytest.TempPathFactory) -> ClientFiles:
+    """CA's client certificate Secret, as the files CA mounts."""
+    secret = release.secrets[f"{FULLNAME}-client-tls"]
+    return ClientFiles(write_secret_files(secret, tmp_path_factory.mktemp("ca-client")))
+
+
+def provider_pods(node: RealNode) -> list[Any]:
+    return live_pods(node.core(), SYSTEM, RELEASE_PODS)
+
+
+def test_helm_install_waits_for_two_ready_replicas(
+    real_node: RealNode, release: Release, ca_client: ClientFiles
+) -> None:
+    """`helm install --wait` returned and both Pods are Ready by the kubelet's probes of the
+    real processes, on the real node: one answers /readyz as the leader, the other as its
+    standby. The EndpointSlice lists the leader alone, and through the Service's ClusterIP,
+    under the certificate's DNS name, the leader answers CA's first call."""
+    assert release.install_seconds < INSTALL_LIMIT_SECONDS
+    pods = provider_pods(real_node)
+    assert len(pods) == 2 and all(map(ready, pods)), [p.status for p in pods]
+    assert {pod.spec.node_name for pod in pods} == {real_node.name}
+    leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+    answers = {pod.metadata.name: readyz(pod) for pod in pods}
+    assert answers.pop(leader) == "ready: leader", answers
+    [standby_answer] = answers.values()
+    assert standby_answer.startswith("ready: this replica is a standby"), standby_answer
+    assert leader in standby_answer
+    wait_for(lambda: slice_pods(real_node.kube, SYSTEM, FULLNAME) == [leader], 30,
+             "the EndpointSlice listing the leader alone")  # fmt: skip
+    # kube-proxy programs the endpoint a moment after the leader wrote it.
+    probe = release.probe(ca_client)
+    wait_for(lambda: probe.call() == {"workers": MAX_SIZE}, 10, "the leader answering CA")
+    print(f"helm install --wait {release.install_seconds:.1f}s, both Ready after "
+          f"{release.ready_seconds:.1f}s")  # fmt: skip
+
+
+# Installs that must not count as installed: a helm --wait timeout short for them but several
+# times what the good install takes here; each is observed this long after it started, then removed.
+RED_TIMEOUT = "30s"
+RED_OBSERVED_SECONDS = 40.0
+# The chart 0.1.x way: only the leader Ready (its /readyz body says so), the standby never.
+LEADER_ONLY_PROBE = {
+    "exec": {"command": ["python", "-c", (
+        "import sys, urllib.request\n"
+        "body = urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=2).read()\n"
+        "sys.exit(0 if body.startswith(b'ready: leader') else 1)"
+    )]},
+    "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2,
+}  # fmt: skip
+POST_RENDERER = """#!{python}
+# Replaces the provider's readiness probe in the rendered chart (helm --post-renderer).
+import json, sys, yaml
+docs = [doc for doc in yaml.safe_load_all(sys.stdin) if doc]
+for doc in docs:
+    if doc["kind"] == "Deployment":
+        doc["spec"]["template"]["spec"]["containers"][0]["readinessProbe"] = json.loads({probe!r})
+yaml.safe_dump_all(docs, sys.stdout)
+"""
+
+
+@dataclass(frozen=True)
+class Red:
+    """An install that cannot become what the install test asks: its values on top of the
+    good install's, or a post-renderer's probe; helm's own timeout."""
+
+    release: str
+    values: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None
+    timeout: str = RED_TIMEOUT
+
+
+RED = {
+    # The loader wants renewDeadline > 1.2 x retryPeriod; values.schema.json cannot say so.
+    "serve refuses its config": Red(
+        "refused", {"kubernetes": {"leaderElection": {"retryPeriod": "9s"}}}
+    ),
+    # Ready means the cloud API answered: nothing listens at this URL.
+    "the cloud never answers": Red("unanswered", {"config": {"cloudscale": {"url": None}}}),
+    # helm counts a Deployment ready at replicas - maxUnavailable Ready Pods: 1 here, so it
+    # returns; a longer timeout keeps a slow start from failing it.
+    "only the leader is Ready": Red("leaderonly", probe=LEADER_ONLY_PROBE, timeout="90s"),
+}
+
+
+@dataclass
+class RedOutcome:
+    helm: subprocess.CompletedProcess[str]
+    all_ready: bool  # the install test's own check: every replica Ready, rolled out
+    pods: list[Any]
+    leader: str
+    logs: dict[str, str]  # each Pod's container logs
+    readyz: dict[str, str]
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = deep_merge(base[key], value) if both else value
+    return merged
+
+
+def red_install(
+    node: RealNode, red: Red, values: dict[str, Any], ca: Issued, directory: Path
+) -> RedOutcome:
+    """Install `red` into a namespace of its own, watch it until RED_OBSERVED_SECONDS, note
+    what it became, uninstall it."""
+    namespace = node.namespace(f"red-{red.release}")
+    started = time.monotonic()
+    args = ["--timeout", red.timeout]
+    if red.probe is not None:
+        renderer = directory / f"{red.release}-post-renderer"
+        script = POST_RENDERER.format(python=sys.executable, probe=json.dumps(red.probe))
+        renderer.write_text(script)
+        renderer.chmod(0o755)
+        args += ["--post-renderer", str(renderer)]
+    done, _, _ = helm_install(node.kube, red.release, namespace, values, ca, directory, *args)
+    time.sleep(max(0.0, RED_OBSERVED_SECONDS - (time.monotonic() - started)))
+    outcome = observe(node, namespace, red.release, done)
+    helm(node.kube, "uninstall", red.release, "--namespace", namespace, "--wait")
+    return outcome
+
+
+def observe(
+    node: RealNode, namespace: str, release: str, done: subprocess.CompletedProcess[str]
+) -> RedOutcome:
+    core, fullname = node.core(), f"{release}-cloudscale-autoscaler"
+    selector = f"app.kubernetes.io/instance={release}"
+    pods = live_pods(core, namespace, selector)
+    logs, answers = {}, {}
+    for pod in pods:
+        name = pod.metadata.name
+        logs[name] = container_logs(core, namespace, name)
+        with contextlib.suppress(httpx.HTTPError):
+            answers[name] = readyz(pod)
+    try:
+        leader = lease_holder(node.kube, namespace, fullname)
+    except k8s.ApiException:
+        leader = ""  # no replica ever led
+    complete = all_ready(node.kube, namespace, fullname, selector)
+    return RedOutcome(done, complete, pods, leader, logs, answers)
+
+
+def container_logs(core: k8s.CoreV1Api, namespace: str, name: str) -> str:
+    """The Pod's container logs, the last run's and the one before (a crash-looping container
+    may be between the two: either can be gone or not started yet)."""
+    found = []
+    for previous in (True, False):
+        with contextlib.suppress(k8s.ApiException):
+            found.append(core.read_namespaced_pod_log(name, namespace, previous=previous))
+    return "".join(found)
+
+
+@pytest.fixture(scope="module")
+def red_outcomes(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, RedOutcome]:
+    """Every RED install at once (each waits out its timeout: one after the other would
+    take three times as long)."""
+    directory = tmp_path_factory.mktemp("red")
+    good = chart_values(project_image, gateway_emulator.url)
+    unanswered = f"http://{real_node.gateway}:{free_port()}/v1"  # nothing listens there
+    with ThreadPoolExecutor(len(RED)) as pool:
+        futures = {}
+        for name, red in RED.items():
+            values = deep_merge(good, red.values)
+            if values["config"]["cloudscale"]["url"] is None:
+                values["config"]["cloudscale"]["url"] = unanswered
+            futures[name] = pool.submit(red_install, real_node, red, values, provider_ca, directory)
+        return {name: future.result() for name, future in futures.items()}
+
+
+def helm_failed(outcome: RedOutcome) -> str:
+    output = outcome.helm.stdout + outcome.helm.stderr
+    assert outcome.helm.returncode != 0, output
+    assert "context deadline exceeded" in output, output
+    return output
+
+
+def test_an_install_whose_config_serve_refuses_fails(red_outcomes: dict[str, RedOutcome]) -> None:
+    """A value the chart's schema lets through and `serve` refuses: the containers exit at
+    start, helm install --wait fails at its timeout, and the log names the value."""
+    outcome = red_outcomes["serve refuses its config"]
+    helm_failed(outcome)
+    assert not outcome.all_ready
+    for pod in outcome.pods:
+        [status] = pod.status.container_statuses
+        assert status.restart_count > 0 and not status.ready, status
+    refusal = "must be greater than 1.2 x retryPeriod"
+    assert any(refusal in log for log in outcome.logs.values()), outcome.logs
+
+
+def test_an_install_whose_cloud_never_answers_fails(red_outcomes: dict[str, RedOutcome]) -> None:
+    """`serve` runs (no restarts) but is never Ready: the cloud API never answered. helm
+    install --wait fails at its timeout."""
+    outcome = red_outcomes["the cloud never answers"]
+    helm_failed(outcome)
+    assert not outcome.all_ready
+    assert len(outcome.pods) == 2 and not any(map(ready, outcome.pods))
+    for pod in outcome.pods:
+        assert pod.status.container_statuses[0].restart_count == 0
+    assert all(body.startswith("not ready") for body in outcome.readyz.values()), outcome.readyz
+
+
+def test_leader_only_readiness_fails_the_install_check(red_outcomes: dict[str, RedOutcome]) -> None:
+    """The old leader-only readiness: helm --wait returns (it needs replicas - maxUnavailable
+    = 1 Ready Pod), but the standby is never Ready, so the rollout never completes and the
+    install test's check fails, as it must."""
+    outcome = red_outcomes["only the leader is Ready"]
+    assert outcome.helm.returncode == 0, outcome.helm.stdout + outcome.helm.stderr
+    assert not outcome.all_ready
+    readiness = {pod.metadata.name: ready(pod) for pod in outcome.pods}
+    assert readiness == {name: name == outcome.leader for name in readiness}, readiness
+
+
+@pytest.fixture(scope="module")
+def kwok(real_node: RealNode) -> Iterator[None]:
+    """kwok, for the Nodes of emulated servers (the real node stays the kubelet's)."""
+    with running_kwok(real_node.kube, real_node.directory):
+        yield
+
+
+@pytest.fixture(scope="module")
+def autoscaler(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    kwok: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Autoscaler]:
+    """The real CA on this host with the chart's cloud-config: it dials the Service by the name
+    there, which its own /etc/hosts maps to the ClusterIP (no cluster DNS here), and verifies
+    the server certificate against that name; kube-proxy takes the connection to the Pod the
+    EndpointSlice lists."""
+    directory = tmp_path_factory.mktemp("ca")
+    core = real_node.core()
+    chart_config = core.read_namespaced_config_map(f"{FULLNAME}-cloud-config", SYSTEM)
+    cloud_config = yaml.safe_load(chart_config.data["cloud-config"])
+    # The chart's cloud-config names where CA's Pod mounts the client Secret; here, its files.
+    for key, name in (("cert", "tls.crt"), ("key", "tls.key"), ("cacert", "ca.crt")):
+        cloud_config[key] = str(ca_client.directory / name)
+    path = directory / "cloud-config.yaml"
+    path.write_text(yaml.safe_dump(cloud_config))
+    flags = (f"--address=127.0.0.1:{free_port()}", *CA_FLAGS, "--scale-down-unneeded-time=5s")
+    ca = run_autoscaler(
+        CA_VERSION, real_node.kube.admin_kubeconfig, path, directory / "ca.log", flags,
+        hosts={release.cluster_ip: [release.server_name]},
+    )  # fmt: skip
+    try:
+        yield ca
+    finally:
+        ca.stop()
+
+
+@pytest.fixture
+async def cloud(gateway_emulator: GatewayEmulator) -> AsyncIterator[EmulatorView]:
+    """The gateway's emulator, with an admin client for this test's event loop."""
+    view = EmulatorView(gateway_emulator.url, gateway_emulator.admin())
+    try:
+        yield view
+    finally:
+        await view.admin.aclose()
+
+
+@contextlib.asynccontextmanager
+async def stand_in(node: RealNode, cloud: EmulatorView) -> AsyncIterator[None]:
+    """The CCM and kubelet stand-in (tests/test_ca_real.py): a kwok Node per running server."""
+    task = asyncio.create_task(kubelets(node, cloud))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def our_servers(cloud: EmulatorView) -> list[dict[str, Any]]:
+    servers = await cloud.admin.servers()
+    return [s for s in servers if s["tags"].get(TAG_CLUSTER) == CLUSTER_TAG]
+
+
+async def scale_load(node: RealNode, replicas: int) -> None:
+    """The load Deployment at `replicas` (created the first time)."""
+    apps = k8s.AppsV1Api(node.kube.client())
+    try:
+        await asyncio.to_thread(apps.read_namespaced_deployment, "load", "default")
+    except k8s.ApiException:
+        await load(node, replicas, **LOAD_PLACEMENT)
+        return
+    patch = {"spec": {"replicas": replicas}}
+    await asyncio.to_thread(apps.patch_namespaced_deployment, "load", "default", patch)
+
+
+async def wait_servers(cloud: EmulatorView, ca: Autoscaler, count: int, what: str) -> None:
+    async def reached() -> bool:
+        ca.alive()
+        return len(await our_servers(cloud)) == count
+
+    try:
+        await wait_until(reached, 120, what)
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}; CA's last complaints:\n{ca.complaints()}") from None
+
+
+async def test_ca_scales_up_from_zero_and_down_through_the_service(
+    real_node: RealNode, autoscaler: Autoscaler, cloud: EmulatorView
+) -> None:
+    """Pending pods only a node of the group fits: CA asks our provider, through the gRPC
+    Service, for a node each (0 -> 3), the pods run on the emulated servers' Nodes and none on
+    the real node; two of them go, and CA deletes their idle nodes through it."""
+    async with stand_in(real_node, cloud):
+        await scale_load(real_node, LOAD_PODS)
+        await wait_all_running(real_node, autoscaler, LOAD_PODS, "the load never ran")
+        servers = {s["name"] for s in await our_servers(cloud)}
+        assert len(servers) == LOAD_PODS
+        assert f"workers 0->{LOAD_PODS} (max: {MAX_SIZE})" in autoscaler.output
+        pods = await load_pods(real_node)
+        assert {pod.spec.node_name for pod in pods} <= servers
+
+        await scale_load(real_node, 1)
+        await wait_servers(cloud, autoscaler, 1, "CA never deleted the idle nodes")
+        assert "removing empty node" in autoscaler.output
+
+
+@contextlib.asynccontextmanager
+async def faults_cleared(cloud: EmulatorView) -> AsyncIterator[None]:
+    """The emulator without faults afterwards, however the test ended (the module shares it)."""
+    try:
+        yield
+    finally:
+        await cloud.admin.clear_faults()
+
+
+def routed_past(node: RealNode, leader: str) -> bool:
+    """Another replica holds the Lease and the Service lists it alone. On SIGTERM the leader
+    releases the Lease; the standby usually takes it, the Pod replacing the leader sometimes
+    (it tries at once when it starts, the standby every retryPeriod): either serves."""
+    holder = lease_holder(node.kube, SYSTEM, FULLNAME)
+    return holder not in ("", leader) and slice_pods(node.kube, SYSTEM, FULLNAME) == [holder]
+
+
+async def test_deleting_the_leader_pod_during_a_scale_up_doubles_nothing(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    autoscaler: Autoscaler,
+    cloud: EmulatorView,
+) -> None:
+    """CA scales up by two while the API takes 8 s per create; once CA has our answer, the
+    leader's Pod is deleted through the API (`kubectl delete pod`: SIGTERM). The leader
+    releases the Lease, another replica takes it and the EndpointSlice within the documented
+    bound, counts the creates in flight from the journal, and CA's pods are served with one
+    server each: the scale-up planned once, nothing doubled."""
+    before = len(await our_servers(cloud))
+    target = before + 2
+    await cloud.admin.set_faults({"latency": {"create_server": {"fixed_ms": 8000}}})
+    earlier = await scale_up_events(real_node)
+    async with stand_in(real_node, cloud), faults_cleared(cloud):
+        await scale_load(real_node, target)
+        await wait_answered_and_creating(real_node, autoscaler, cloud, earlier)
+        leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+        replicas = {p.metadata.name for p in provider_pods(real_node)}
+        with release.probe(ca_client) as probe:
+            await asyncio.to_thread(real_node.core().delete_namespaced_pod, leader, SYSTEM)
+            moved = await asyncio.to_thread(
+                wait_for, lambda: routed_past(real_node, leader), ROUTE_BOUND_SECONDS,
+                "the Lease and the Service moved off the deleted leader",
+            )  # fmt: skip
+            taker = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+            assert (await cloud.admin.in_flight()).get("create_server", 0) > 0, "took over late"
+            await wait_all_running(real_node, autoscaler, target, "the load never ran")
+        servers = await our_servers(cloud)
+        assert len(servers) == target <= MAX_SIZE, [s["name"] for s in servers]
+        assert autoscaler.output.count(f"workers {before}->{target} (max: {MAX_SIZE})") == 1
+    gap = probe.longest_gap()
+    successor = "the standby" if taker in replicas else "the leader's replacement"
+    real_node.timings["leader deleted -> EndpointSlice"] = moved
+    real_node.timings["leader deleted: longest unanswered"] = gap
+    print(f"failover: {successor} in the EndpointSlice after {moved:.1f}s, longest unanswered "
+          f"{gap:.1f}s ({probe.summary()})")  # fmt: skip
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+
+
+def checksums(pods: list[Any]) -> set[str]:
+    return {pod.metadata.annotations["checksum/config"] for pod in pods}
+
+
+def ca_status_max_size(node: RealNode, group_name: str) -> int | None:
+    """The maxSize CA's status ConfigMap shows for a group (what CA itself was told)."""
+    status = node.core().read_namespaced_config_map("cluster-autoscaler-status", SYSTEM)
+    groups = yaml.safe_load(status.data["status"]).get("nodeGroups") or []
+    sizes = [g["health"]["maxSize"] for g in groups if g["name"] == group_name]
+    return sizes[0] if sizes else None
+
+
+def test_helm_upgrade_rolls_the_pods_and_ca_keeps_its_provider(
+    real_node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    autoscaler: Autoscaler,
+    tmp_path: Path,
+) -> None:
+    """`helm upgrade --wait` with the group's maxSize changed: the config's checksum rolls both
+    Pods, one at a time; calls through the Service go unanswered no longer than the documented
+    bound, and afterwards the new maxSize is what the Service answers and what CA shows."""
+    wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+             "both replicas Ready before the upgrade")  # fmt: skip
+    old = provider_pods(real_node)
+    bigger = {"config": {"nodeGroups": [group(maxSize=MAX_SIZE + 1)]}}
+    values = deep_merge(release.values, bigger)
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    log_before = len(autoscaler.output)
+    with release.probe(ca_client) as probe:
+        started = time.monotonic()
+        done = helm(
+            real_node.kube, "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM,
+            "-f", str(path), "--wait", "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+        def rolled() -> bool:
+            return all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS) and (
+                (probe.last_answer() or {}).get("workers") == MAX_SIZE + 1
+            )
+
+        wait_for(rolled, 120, "the upgrade rolled out to a leader of the new config")
+        rollout = time.monotonic() - started
+    new = provider_pods(real_node)
+    assert not {p.metadata.name for p in old} & {p.metadata.name for p in new}, "not rolled"
+    assert len(checksums(old)) == len(checksums(new)) == 1 and checksums(old) != checksums(new)
+    gap = probe.longest_gap()
+    ca_errors = autoscaler.output[log_before:].count("rpc error")
+    real_node.timings["helm upgrade -> rolled"] = rollout
+    real_node.timings["helm upgrade: longest unanswered"] = gap
+    print(f"upgrade: rolled out in {rollout:.1f}s, longest unanswered {gap:.1f}s "
+          f"({probe.summary()}; {ca_errors} rpc error lines in CA's log)")  # fmt: skip
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 1, 30,
+             f"CA's status showing maxSize {MAX_SIZE + 1}")  # fmt: skip
+
+
+def evict(node: RealNode, name: str) -> None:
+    """The Eviction API (policy/v1), as `kubectl drain` uses it."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": SYSTEM}}  # fmt: skip
+    node.core().create_namespaced_pod_eviction(name, SYSTEM, body)
+
+
+def budget_settled(node: RealNode) -> bool:
+    """The PodDisruptionBudget counts both replicas healthy and allows one disruption."""
+    pdb = k8s.PolicyV1Api(node.kube.client()).read_namespaced_pod_disruption_budget(
+        FULLNAME, SYSTEM
+    )
+    status = pdb.status
+    return bool(
+        status.observed_generation == pdb.metadata.generation
+        and status.current_healthy == 2
+        and status.disruptions_allowed == 1
+    )
+
+
+def test_the_budget_refuses_evicting_both_replicas(
+    real_node: RealNode, release: Release, ca_client: ClientFiles
+) -> None:
+    """Evicting the leader is allowed; evicting the other replica right after is refused by
+    the PodDisruptionBudget (429). The Service keeps a provider: the Lease and the endpoint
+    move to a replica that was not evicted."""
+    wait_for(lambda: budget_settled(real_node), 60, "the PDB allowing one disruption of two")
+    leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
+    [standby] = [p.metadata.name for p in provider_pods(real_node) if p.metadata.name != leader]
+    with release.probe(ca_client) as probe:
+        evict(real_node, leader)
+        with pytest.raises(k8s.ApiException) as refused:
+            evict(real_node, standby)
+
+        wait_for(lambda: routed_past(real_node, leader), 30,
+                 "the Lease and the Service moved off the evicted leader")  # fmt: skip
+        time.sleep(1)  # a few calls to the new leader
+    assert refused.value.status == 429, refused.value
+    assert "disruption budget" in str(refused.value.body), refused.value.body
+    gap = probe.longest_gap()
+    real_node.timings["eviction: longest unanswered"] = gap
+    print(f"evictions: longest unanswered {gap:.1f}s ({probe.summary()})")
+    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+    wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
+             "both replicas Ready again")  # fmt: skip
+
+
+def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
+    """What a user's overlay of the base changes here: the image (imported, never pulled), the
+    config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the tainted
+    Nodes of emulated servers count as places for a replica), and no cert-manager objects (no
+    cert-manager here: its Secrets are created as it would)."""
+    config = yaml.safe_load((KUSTOMIZE_BASE / "config.yaml").read_text())
+    config["cluster"] = "kustomized"
+    config["cloudscale"]["url"] = cloud_url
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    repository, _, tag = image.rpartition(":")
+    deployment_patch = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy",
+         "value": "Never"},
+        {"op": "replace", "path": "/spec/template/spec/topologySpreadConstraints/0/"
+         "whenUnsatisfiable", "value": "ScheduleAnyway"},
+    ]  # fmt: skip
+    no_cert_manager = {"$patch": "delete", "apiVersion": "cert-manager.io/v1", "kind": "Any",
+                       "metadata": {"name": "any"}}  # fmt: skip
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes no absolute path here.
+        "resources": [os.path.relpath(KUSTOMIZE_BASE, directory)],
+        "images": [{"name": "ghcr.io/cloudscale-autoscaler/cloudscale-autoscaler",
+                    "newName": repository, "newTag": tag}],
+        "configMapGenerator": [{"name": "cloudscale-autoscaler-config", "behavior": "replace",
+                                "files": ["config.yaml"]}],
+        "patches": [
+            {"target": {"kind": "Deployment", "name": "cloudscale-autoscaler"},
+             "patch": json.dumps(deployment_patch)},
+            {"target": {"group": "cert-manager.io"}, "patch": yaml.safe_dump(no_cert_manager)},
+        ],
+    }  # fmt: skip
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+# The base's Pods (the chart's carry app.kubernetes.io/instance too).
+BASE_PODS = "app.kubernetes.io/name=cloudscale-autoscaler,!app.kubernetes.io/instance"
+
+
+def test_the_kustomize_base_rolls_out_two_ready_replicas(
+    real_node: RealNode,
+    project_image: str,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path: Path,
+) -> None:
+    """The base through an overlay, applied server-side as `kubectl apply -k` would, with the
+    token and certificate Secrets first: both replicas Ready by the kubelet's probes, the
+    rollout complete, the gRPC Service's EndpointSlice listing the leader alone."""
+    overlay = kustomize_overlay(tmp_path, project_image, gateway_emulator.url)
+    built = subprocess.run([ensure(KUSTOMIZE), "build", str(overlay)], capture_output=True,
+                           text=True, timeout=120, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    documents = rendered(built.stdout)
+    assert not certificates(documents), "the overlay kept cert-manager objects"
+    core = real_node.core()
+    # The chart's install above uses the same name: the user's one Secret.
+    create_unless_exists(core, SYSTEM, token_secret("cloudscale-autoscaler-token"))
+    base_certificates = rendered((KUSTOMIZE_BASE / "certificates.yaml").read_text())
+    create_secrets(real_node.kube, SYSTEM, base_certificates, provider_ca)
+    apply(real_node.kube, documents, "kustomize-test")
+    name = "cloudscale-autoscaler"
+    rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
+                      "the base's replicas Ready")  # fmt: skip
+    real_node.timings["kustomize apply -> both Ready"] = rolled
+    leader = lease_holder(real_node.kube, SYSTEM, name)
+    assert leader in {p.metadata.name for p in live_pods(core, SYSTEM, BASE_PODS)}
+    wait_for(lambda: slice_pods(real_node.kube, SYSTEM, name) == [leader], 30,
+             "the base's EndpointSlice listing the leader alone")  # fmt: skip
+    print(f"kustomize: both Ready {rolled:.1f}s after the apply")

@@ -911,10 +911,6 @@ async def test_deleting_the_leader_pod_during_a_scale_up_doubles_nothing(
     assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
 
 
-def checksums(pods: list[Any]) -> set[str]:
-    return {pod.metadata.annotations["checksum/config"] for pod in pods}
-
-
 def ca_status_max_size(node: RealNode, group_name: str) -> int | None:
     """The maxSize CA's status ConfigMap shows for a group (what CA itself was told)."""
     status = node.core().read_namespaced_config_map("cluster-autoscaler-status", SYSTEM)
@@ -923,51 +919,77 @@ def ca_status_max_size(node: RealNode, group_name: str) -> int | None:
     return sizes[0] if sizes else None
 
 
-def test_helm_upgrade_rolls_the_pods_and_ca_keeps_its_provider(
+def test_helm_upgrade_reloads_or_rolls_and_ca_keeps_its_provider(
     real_node: RealNode,
     release: Release,
     ca_client: ClientFiles,
     autoscaler: Autoscaler,
     tmp_path: Path,
 ) -> None:
-    """`helm upgrade --wait` with the group's maxSize changed: the config's checksum rolls both
-    Pods, one at a time; calls through the Service go unanswered no longer than the documented
-    bound, and afterwards the new maxSize is what the Service answers and what CA shows."""
+    """`helm upgrade --wait` with the group's maxSize changed. By default (reloadConfig) the
+    running Pods reload the changed ConfigMap: no Pod is replaced, and the Service answers the
+    new maxSize once the kubelet brought the file in. With reloadConfig false the config's
+    checksum rolls both Pods, one at a time. Either way calls through the Service go unanswered
+    no longer than the documented bound, and CA shows the new maxSize."""
     wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
              "both replicas Ready before the upgrade")  # fmt: skip
-    old = provider_pods(real_node)
-    bigger = {"config": {"nodeGroups": [group(maxSize=MAX_SIZE + 1)]}}
-    values = deep_merge(release.values, bigger)
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
+    reloaded = upgrade(real_node, release, ca_client, autoscaler, tmp_path, MAX_SIZE + 1, {})
+    assert reloaded.old == reloaded.new, "a reloadable change replaced the Pods"
+    rolled = upgrade(real_node, release, ca_client, autoscaler, tmp_path, MAX_SIZE + 2,
+                     {"reloadConfig": False})  # fmt: skip
+    assert not rolled.old & rolled.new, "not rolled"
+    for name, result in (("reloaded", reloaded), ("rolled", rolled)):
+        real_node.timings[f"helm upgrade -> {name}"] = result.seconds
+        real_node.timings[f"helm upgrade ({name}): longest unanswered"] = result.gap
+    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 2, 30,
+             f"CA's status showing maxSize {MAX_SIZE + 2}")  # fmt: skip
+
+
+@dataclass
+class Upgraded:
+    old: set[str]  # the provider's Pods before
+    new: set[str]  # and after
+    seconds: float  # until the Service answered the new maxSize
+    gap: float  # the longest time calls through the Service went unanswered
+
+
+def upgrade(
+    node: RealNode,
+    release: Release,
+    ca_client: ClientFiles,
+    autoscaler: Autoscaler,
+    tmp_path: Path,
+    max_size: int,
+    more: dict[str, Any],
+) -> Upgraded:
+    """`helm upgrade --wait` of the release's values with workers at `max_size` (and `more`),
+    until the Service answers that maxSize and both replicas are Ready."""
+    old = {p.metadata.name for p in provider_pods(node)}
+    values = deep_merge(release.values, {"config": {"nodeGroups": [group(maxSize=max_size)]}})
+    path = tmp_path / f"values-{max_size}.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(values, more)))
     log_before = len(autoscaler.output)
     with release.probe(ca_client) as probe:
         started = time.monotonic()
         done = helm(
-            real_node.kube, "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM,
+            node.kube, "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM,
             "-f", str(path), "--wait", "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
 
-        def rolled() -> bool:
-            return all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS) and (
-                (probe.last_answer() or {}).get("workers") == MAX_SIZE + 1
+        def served() -> bool:
+            return all_ready(node.kube, SYSTEM, FULLNAME, RELEASE_PODS) and (
+                (probe.last_answer() or {}).get("workers") == max_size
             )
 
-        wait_for(rolled, 120, "the upgrade rolled out to a leader of the new config")
-        rollout = time.monotonic() - started
-    new = provider_pods(real_node)
-    assert not {p.metadata.name for p in old} & {p.metadata.name for p in new}, "not rolled"
-    assert len(checksums(old)) == len(checksums(new)) == 1 and checksums(old) != checksums(new)
+        wait_for(served, 120, f"the Service never answered maxSize {max_size}")
+        seconds = time.monotonic() - started
     gap = probe.longest_gap()
     ca_errors = autoscaler.output[log_before:].count("rpc error")
-    real_node.timings["helm upgrade -> rolled"] = rollout
-    real_node.timings["helm upgrade: longest unanswered"] = gap
-    print(f"upgrade: rolled out in {rollout:.1f}s, longest unanswered {gap:.1f}s "
-          f"({probe.summary()}; {ca_errors} rpc error lines in CA's log)")  # fmt: skip
+    print(f"upgrade to maxSize {max_size}: served after {seconds:.1f}s, longest unanswered "
+          f"{gap:.1f}s ({probe.summary()}; {ca_errors} rpc error lines in CA's log)")  # fmt: skip
     assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
-    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 1, 30,
-             f"CA's status showing maxSize {MAX_SIZE + 1}")  # fmt: skip
+    return Upgraded(old, {p.metadata.name for p in provider_pods(node)}, seconds, gap)
 
 
 def evict(node: RealNode, name: str) -> None:

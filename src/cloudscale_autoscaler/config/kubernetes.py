@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cloudscale_autoscaler.config.reader import Fields, resolve
+from cloudscale_autoscaler.config.reader import Fields, as_written, describe, resolve
 from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.config.values import (
     dns_label_error,
@@ -62,11 +62,19 @@ def _duration(fields: Fields, key: str, default: str, *, zero_allowed: bool = Fa
         return parse_go_duration(default)
     if seconds < 0 or (seconds == 0 and not zero_allowed):
         bound = ">= 0" if zero_allowed else "> 0"
-        fields.issues.add(fields.at(key), f'must be {bound}, got "{fields.raw(key)}"')
+        fields.issues.add(fields.at(key), f"must be {bound}, got {as_written(fields.raw(key))}")
     return seconds
 
 
 def _tolerance(fields: Fields) -> float:
+    raw = fields.raw("driftTolerance")
+    if raw is not None and not isinstance(raw, str):
+        # YAML reads `3` and `0.03` as numbers: name the form, not just the type.
+        fields.issues.add(
+            fields.at("driftTolerance"),
+            f'expected a percentage such as "{DEFAULT_DRIFT_TOLERANCE}", got {describe(raw)}',
+        )
+        return float(parse_percent(DEFAULT_DRIFT_TOLERANCE)) / 100
     text = fields.string("driftTolerance") or DEFAULT_DRIFT_TOLERANCE
     try:
         percent = parse_percent(text)

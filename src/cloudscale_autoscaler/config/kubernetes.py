@@ -7,6 +7,7 @@ before a standby may take it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from cloudscale_autoscaler.config.reader import Fields, as_written, describe, resolve
@@ -122,6 +123,25 @@ def _object_name(fields: Fields, key: str) -> str | None:
     if name is not None and not fields.issues.check(fields.at(key), dns_subdomain_error(name)):
         return None
     return name
+
+
+# What the Kubernetes client's in-cluster loading reads; a Pod's containers always have them.
+IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+
+
+def outside_pod_error(settings: KubernetesConfig, env: Mapping[str, str]) -> str | None:
+    """Why the in-cluster service account cannot be used here, as `<path>: <reason>`: no
+    kubeconfig is given and the process runs outside a Pod. None otherwise."""
+    if settings.kubeconfig is not None:
+        return None
+    missing = [name for name in IN_CLUSTER_ENV if not env.get(name)]
+    if not missing:
+        return None
+    return (
+        "kubernetes.kubeconfig: not set, so the in-cluster service account is used, but this "
+        f"process runs outside a Pod ({' and '.join(missing)} not set): set "
+        "kubernetes.kubeconfig to a kubeconfig file, or run it in a Pod"
+    )
 
 
 def kubernetes_text(settings: KubernetesConfig | None) -> str:

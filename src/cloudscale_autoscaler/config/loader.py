@@ -88,7 +88,7 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
     issues = Issues()
     config = _parse(Fields(issues, "", data, TOP_KEYS), path.absolute().parent, environment)
     if issues:
-        raise ConfigError(issues.errors, source=str(path))
+        raise ConfigError(issues.errors, source=str(path), partial=config)
     # Defence in depth: mask the token in any log line, whatever path it takes there.
     register_secret(config.cloudscale.token)
     return config

@@ -636,7 +636,7 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         "duration int",
         group(autoscalingOptions={"maxNodeStartupTime": 600}),
         [
-            f'{G}.autoscalingOptions.maxNodeStartupTime: expected a duration with a unit such '
+            f"{G}.autoscalingOptions.maxNodeStartupTime: expected a duration with a unit such "
             'as "10m" ("600s" for 600 seconds; only 0 may stand alone), got integer 600'
         ],
     ),

@@ -17,7 +17,7 @@ from fixtures.emulator import RunningEmulator
 from fixtures.tools import cli, free_port
 
 from cloudscale_autoscaler.catalogue_check import catalogue_errors
-from cloudscale_autoscaler.certs import DevPKI, mint_dev_pki, mint_leaf
+from cloudscale_autoscaler.certs import DevPKI, Validity, mint_dev_pki, mint_leaf, mint_server
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
 from cloudscale_autoscaler.config import NodeGroupConfig
@@ -149,6 +149,47 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().err.splitlines() == [
         f"{path}: invalid config (1 error):",
         f"  {path}: cannot read: No such file or directory",
+    ]
+
+
+# --- one pass: the loader's problems and what serve checks before it listens, together ------
+
+
+def test_tls_file_problems_come_with_the_other_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configuration.md: every problem is reported at once. An expired certificate is not
+    held back until the rest of the file is right."""
+    groups = [{"name": "a", "minSize": 4, "maxSize": 2, "flavor": "f", "image": "i"}]
+    path = write_config(tmp_path, groups, kubernetes={})
+    tls = tmp_path / "tls"
+    expired = mint_server(_dev_pki().ca, validity=Validity.expired())
+    expired.write(tls / "server.crt", tls / "server.key")
+    for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["check-config", "--config", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == [
+        f"{path}: invalid config (3 errors):",
+        "  nodeGroups[0].maxSize: must be >= minSize (4)",
+    ]
+    assert lines[2].startswith(f"  tls.cert {tls}/server.crt: expired at ")
+    assert lines[3] == (
+        "  kubernetes.kubeconfig: not set, so the in-cluster service account is used, but this "
+        "process runs outside a Pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT not "
+        "set): set kubernetes.kubeconfig to a kubeconfig file, or run it in a Pod"
+    )
+
+
+def test_a_tls_file_the_loader_refused_is_not_read_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, listen="127.0.0.1:1")
+    (tmp_path / "tls" / "ca.crt").unlink()
+    assert main(["check-config", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: invalid config (1 error):",
+        f"  tls.clientCA: file not found: {tmp_path}/tls/ca.crt",
     ]
 
 

@@ -201,7 +201,20 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
     (
         "gpuLabel set by the CCM",
         put("gpuLabel", value="node.kubernetes.io/instance-type"),
-        ["gpuLabel: a well-known node label the kubelet or the cloud controller manager sets"],
+        [
+            'gpuLabel: "node.kubernetes.io/instance-type" cannot be the GPU label: a well-known '
+            "node label the kubelet or the cloud controller manager sets; expected a label key "
+            'of your own, such as "cloudscale.ch/gpu" (the default) or "example.com/gpu"'
+        ],
+    ),
+    (
+        "gpuLabel the kubelet sets",
+        put("gpuLabel", value="kubernetes.io/hostname"),
+        [
+            'gpuLabel: "kubernetes.io/hostname" cannot be the GPU label: a well-known node '
+            "label the kubelet or the cloud controller manager sets; expected a label key of "
+            'your own, such as "cloudscale.ch/gpu" (the default) or "example.com/gpu"'
+        ],
     ),
     (
         "placeholderExpiry zero",
@@ -219,7 +232,15 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
     (
         "placeholderExpiry integer",
         put("placeholderExpiry", value=900),
-        ['placeholderExpiry: expected a duration string such as "15m", got integer 900'],
+        [
+            'placeholderExpiry: expected a duration with a unit such as "15m" ("900s" for 900 '
+            "seconds; only 0 may stand alone), got integer 900"
+        ],
+    ),
+    (
+        "placeholderExpiry bare zero",
+        put("placeholderExpiry", value=0),
+        ["placeholderExpiry: must be > 0, got 0"],
     ),
     (
         "increaseSizeWait negative",
@@ -229,7 +250,7 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
     (
         "increaseSizeWait number",
         put("increaseSizeWait", value=0.5),
-        ['increaseSizeWait: expected a duration string such as "50ms", got number 0.5'],
+        ['increaseSizeWait: expected a duration such as "50ms", got number 0.5'],
     ),
     (
         "no groups",
@@ -615,8 +636,8 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         "duration int",
         group(autoscalingOptions={"maxNodeStartupTime": 600}),
         [
-            f"{G}.autoscalingOptions.maxNodeStartupTime: expected a duration string such as "
-            '"10m", got integer 600'
+            f"{G}.autoscalingOptions.maxNodeStartupTime: expected a duration with a unit such "
+            'as "10m" ("600s" for 600 seconds; only 0 may stand alone), got integer 600'
         ],
     ),
     (
@@ -891,6 +912,20 @@ def test_null_means_absent(tmp_path: Path) -> None:
     group_config = load_config(write(tmp_path, doc), env=ENV).node_groups[0]
     assert (group_config.zone, group_config.autoscaling_options) == (None, None)
     assert group_config.kubelet == KubeletConfig()
+
+
+def test_a_bare_zero_is_a_zero_duration_where_zero_is_allowed(tmp_path: Path) -> None:
+    """docs/configuration.md: `0` alone, quoted or not, is a zero duration (YAML reads the
+    unquoted one as an integer)."""
+    doc = base_doc()
+    doc["increaseSizeWait"] = 0
+    doc["kubernetes"] = {"driftInterval": 0, "kubeconfig": "kubeconfig"}
+    doc["nodeGroups"][0]["autoscalingOptions"] = {"scaleDownUnneededTime": 0}
+    config = load_config(write(tmp_path, doc, {"kubeconfig": "not read"}), env=ENV)
+    assert config.increase_size_wait_seconds == 0.0
+    assert config.kubernetes is not None and config.kubernetes.drift_interval_seconds == 0.0
+    options = config.node_groups[0].autoscaling_options
+    assert options is not None and options.scale_down_unneeded_seconds == 0.0
 
 
 # --- kubelet configFile ------------------------------------------------------------------

@@ -102,7 +102,28 @@ ROWS: list[tuple[str, Any, list[str]]] = [
     (
         "interval not a duration",
         {"driftInterval": 300},
-        ['kubernetes.driftInterval: expected a duration string such as "5m", got integer 300'],
+        [
+            'kubernetes.driftInterval: expected a duration with a unit such as "5m" ("300s" '
+            "for 300 seconds; only 0 may stand alone), got integer 300"
+        ],
+    ),
+    (
+        "tolerance a number",
+        {"driftTolerance": 3},
+        ['kubernetes.driftTolerance: expected a percentage such as "3%", got integer 3'],
+    ),
+    (
+        "tolerance a fraction",
+        {"driftTolerance": 0.03},
+        ['kubernetes.driftTolerance: expected a percentage such as "3%", got number 0.03'],
+    ),
+    (
+        "lease duration a bare zero",
+        {"leaderElection": {"leaseDuration": 0}},
+        [
+            f"{LE}.leaseDuration: must be > 0, got 0",
+            f"{LE}.leaseDuration: must be greater than renewDeadline (10s)",
+        ],
     ),
     (
         "tolerance not a percentage",

@@ -322,6 +322,29 @@ def test_table_says_when_the_last_refresh_succeeded_after_a_failure() -> None:
 
 
 @pytest.mark.parametrize(
+    ("minimum", "target", "flagged"), [(1, 3, False), (3, 3, False), (4, 3, True)]
+)
+def test_a_group_below_its_min_size_is_flagged(minimum: int, target: int, flagged: bool) -> None:
+    """CA does not scale a group up to minSize by itself: the table says which ones lag."""
+    now = time.time()
+    doc = document(refresh=RefreshOutcome(now - 5, 0.25))
+    doc["at_unix"] = now
+    doc["groups"][0].update(min_size=minimum, target_size=target)
+    lines = command.render_table(doc).splitlines()
+    target_cell = cells(lines[1])[command.GROUP_HEADER.index("TARGET")]
+    assert target_cell == (f"{target} (<MIN)" if flagged else str(target))
+    below = [line for line in lines if line.startswith("below minSize:")]
+    assert below == (
+        [
+            f"below minSize: g has a target of {target}, minSize is {minimum}: CA adds nodes "
+            "to it only for pods that need them, or with --enforce-node-group-min-size"
+        ]
+        if flagged
+        else []
+    )
+
+
+@pytest.mark.parametrize(
     ("damage", "named"),
     [
         (lambda d: d.pop("refresh"), "no field 'refresh'"),
@@ -344,13 +367,17 @@ def test_a_document_of_another_shape_is_a_bad_answer(damage: Any, named: str) ->
         ("http://10.0.0.5:8080/", "http://10.0.0.5:8080/status"),
         ("http://h:8080/status", "http://h:8080/status"),
         ("http://h:8080/prefix/status", "http://h:8080/prefix/status"),
+        # The bare address the option's help offers (HOST:PORT, as metrics.listen has it).
+        ("localhost:8080", "http://localhost:8080/status"),
+        ("10.0.0.5:8080/status", "http://10.0.0.5:8080/status"),
+        ("[::1]:8080", "http://[::1]:8080/status"),
     ],
 )
 def test_status_url(given: str, used: str) -> None:
     assert command.status_url(given) == used
 
 
-@pytest.mark.parametrize("given", ["localhost:8080", "ftp://h/status", "http:///status", ""])
+@pytest.mark.parametrize("given", ["ftp://h/status", "http:///status", "", "://h:1"])
 def test_status_url_refuses_what_is_no_http_url(given: str) -> None:
     with pytest.raises(ValueError, match="not an http:// or https:// URL with a host"):
         command.status_url(given)
@@ -439,6 +466,15 @@ async def test_status_command_prints_the_group_and_the_refusal(
     assert "refresh: ok" in out and "tls:     certificate expires" in out
 
 
+async def test_status_command_takes_the_bare_address_its_help_offers(
+    refused: tuple[ServeProcess, float],
+) -> None:
+    serve, _ = refused
+    code, out, err = await run_cli("status", "--url", f"127.0.0.1:{serve.metrics_port}")
+    assert (code, err) == (0, "")
+    assert cells(out.splitlines()[1])[0] == "workers"
+
+
 async def test_status_command_json_is_the_served_document(
     refused: tuple[ServeProcess, float],
 ) -> None:
@@ -486,7 +522,7 @@ async def test_status_command_invalid_url_fails_in_one_line() -> None:
     assert (code, out) == (1, "")
     assert err.splitlines() == [
         "error: --url 'http://[not-an-address/status': Invalid IPv6 URL; expected "
-        "http://HOST:PORT/status"
+        "http://HOST:PORT/status, or HOST:PORT"
     ]
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cloudscale_autoscaler.catalogue_check import (
@@ -24,7 +25,7 @@ from cloudscale_autoscaler.cloud.models import Network, Subnet
 from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, load_config
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.config.interfaces import interfaces_text
-from cloudscale_autoscaler.config.kubernetes import kubernetes_text
+from cloudscale_autoscaler.config.kubernetes import kubernetes_text, outside_pod_error
 from cloudscale_autoscaler.config.loader import TOKEN_ENV
 from cloudscale_autoscaler.config.pricing import price_text, pricing_text
 from cloudscale_autoscaler.config.types import PricingConfig
@@ -40,14 +41,9 @@ ONLINE_MAX_RETRIES = 1
 
 
 def run_check(path: Path, online: bool) -> int:
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        _print_errors(f"{path}: invalid config", exc.errors)
-        return EXIT_INVALID
-    start_errors = _start_errors(config)
-    if start_errors:
-        _print_errors(f"{path}: invalid config", start_errors)
+    config, errors = validate(path)
+    if config is None or errors:
+        _print_errors(f"{path}: invalid config", errors)
         return EXIT_INVALID
     print(f"{path}: config OK")
     print(summary(config))
@@ -58,19 +54,42 @@ def run_check(path: Path, online: bool) -> int:
     return _online(config)
 
 
-def _start_errors(config: Config) -> list[str]:
+def validate(path: Path, env: Mapping[str, str] | None = None) -> tuple[Config | None, list[str]]:
+    """The config and every problem `serve` would refuse it for, found in one pass: the
+    loader's, then what `serve` checks before it listens (the TLS files' contents, the
+    Kubernetes credentials and Lease namespace) wherever the loader left those settings
+    valid. Errors are `<path>: <reason>` lines; the config is None only when the file could
+    not be read as a config at all."""
+    environment = os.environ if env is None else env
+    try:
+        config = load_config(path, env=environment)
+    except ConfigError as exc:
+        if exc.partial is None:
+            return None, list(exc.errors)
+        return exc.partial, [*exc.errors, *_start_errors(exc.partial, exc.errors, environment)]
+    return config, _start_errors(config, [], environment)
+
+
+def _start_errors(config: Config, found: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """What `serve` would refuse to start with: the same loads and checks, the same messages
-    (the TLS files; the Kubernetes credentials and Lease namespace)."""
+    (the TLS files; the Kubernetes credentials and Lease namespace), for each section the
+    loader found no problem in (`found`)."""
     from cloudscale_autoscaler.transport.tls import TLSFileError, load_material
+
+    def clean(section: str) -> bool:
+        return not any(error.startswith((f"{section}.", f"{section}:")) for error in found)
 
     errors: list[str] = []
     tls = config.tls
-    if not tls.insecure and tls.cert and tls.key and tls.client_ca:
+    if not tls.insecure and tls.cert and tls.key and tls.client_ca and clean("tls"):
         try:
             load_material(tls.cert, tls.key, tls.client_ca)
         except TLSFileError as exc:
             errors.append(str(exc))
-    if config.kubernetes is not None:
+    if config.kubernetes is not None and clean("kubernetes"):
+        outside = outside_pod_error(config.kubernetes, env)
+        if outside is not None:
+            return [*errors, outside]
         # Imported only here: without the section nothing loads the kubernetes package.
         from cloudscale_autoscaler.kube.api import KubeConfigError
         from cloudscale_autoscaler.kube.link import preflight

@@ -75,8 +75,11 @@ nodeGroups:
     volumeSizeGB: 100
     taints:
       - {{key: nvidia.com/gpu, value: present, effect: NoSchedule}}
-    autoscalingOptions:
-      scaleDownUnneededTime: 30m
+    # ${{node_labels}} carries the GPU label CA waits for on a booting GPU node.
+    userData: |
+      #cloud-config
+      # kubelet flags: --node-labels=${{node_labels}} --register-with-taints=${{node_taints}}
+      hostname: ${{server_name}}
 """
 
 
@@ -98,16 +101,18 @@ class Timeline:
         return f"+{time.monotonic() - self._start:6.2f}s"
 
 
-def _write_workspace(directory: Path, api_url: str, port: int) -> Path:
+def write_workspace(directory: Path, api_url: str, port: int, token: str = DEMO_TOKEN) -> Path:
+    """The demo's config file, its certificates and token file in `directory` (what
+    tests/test_shipped_configs.py checks as a user's `check-config --online` would)."""
     certs = directory / "certs"
     certs.mkdir(parents=True, exist_ok=True)
     pki = mint_dev_pki()
     pki.ca.write(certs / "ca.crt")
     pki.server.write(certs / "server.crt", certs / "server.key")
     pki.client.write(certs / "client.crt", certs / "client.key")
-    token = directory / "token"
-    token.write_text(DEMO_TOKEN + "\n")
-    token.chmod(0o600)
+    token_file = directory / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
     config = directory / "config.yaml"
     config.write_text(CONFIG_TEMPLATE.format(port=port, api_url=api_url))
     return config
@@ -300,7 +305,7 @@ async def run_demo(*, once: bool, directory: Path | None = None) -> int:
 
 async def _run_in(workspace: Path, timeline: Timeline, *, once: bool) -> int:
     async with Emulator(token=DEMO_TOKEN, seed=0, boot_seconds=BOOT_SECONDS) as emulator:
-        config_path = _write_workspace(workspace, emulator.url, PREFERRED_PORT)
+        config_path = write_workspace(workspace, emulator.url, PREFERRED_PORT)
         config = load_config(config_path)
         server = await _serve(config)
         timeline.step(f"Emulator on {emulator.url}; provider on 127.0.0.1:{server.port} (mTLS)")

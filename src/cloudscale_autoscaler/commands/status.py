@@ -28,7 +28,9 @@ GROUP_HEADER = ("GROUP", "MIN", "MAX", "TARGET", "RUNNING", "CREATING", "DELETIN
                 "SENT", "QUEUED", "PLACEHOLDERS", "SERVER GROUPS", "LAST INCREASE",
                 "LAST DELETE")  # fmt: skip
 PLACEHOLDER_HEADER = ("GROUP", "PLACEHOLDER", "CLASS", "CODE", "AGE", "EXPIRES IN", "ERROR")
-EXPECTED_URL = "http://HOST:PORT/status"
+EXPECTED_URL = "http://HOST:PORT/status, or HOST:PORT"
+# Appended to TARGET when it is below MIN: CA does not add nodes to reach minSize by itself.
+BELOW_MIN = "(<MIN)"
 
 
 class BadAnswer(Exception):
@@ -63,14 +65,14 @@ def _fail(message: str) -> int:
 
 
 def status_url(url: str) -> str:
-    """`url` as given, or with /status appended when it names only the endpoint's address;
-    raises ValueError for one that is no http(s) URL."""
-    parts = urlsplit(url)
+    """`url` as given, with http:// before a bare HOST:PORT, and /status appended when it
+    names only the endpoint's address; raises ValueError for one that is no http(s) URL."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError("not an http:// or https:// URL with a host")
     if parts.path in ("", "/"):
         return urlunsplit(parts._replace(path="/status"))
-    return url
+    return urlunsplit(parts)
 
 
 def fetch(url: str) -> dict[str, Any]:
@@ -112,6 +114,7 @@ def _render(document: dict[str, Any]) -> str:
             [PLACEHOLDER_HEADER, *(_placeholder_row(name, p) for name, p in placeholders)]
         )
     lines = [
+        *_below_min_lines(groups),
         _refresh_line(document["refresh"], document["last_successful_refresh_unix"], now),
         _leader_line(document["leader"]),
         _tls_line(document["tls_not_after_unix"], now),
@@ -137,12 +140,31 @@ def _group_row(group: dict[str, Any], now: float) -> tuple[str, ...]:
         len(group["placeholders"]),
         group["server_groups"],
     )
+    shown = [str(int(figure)) for figure in figures]
+    if _below_min(group):
+        shown[2] += f" {BELOW_MIN}"
     return (
         str(group["name"]),
-        *(str(int(figure)) for figure in figures),
+        *shown,
         _last_call(calls.get("NodeGroupIncreaseSize"), now),
         _last_call(calls.get("NodeGroupDeleteNodes"), now),
     )
+
+
+def _below_min(group: dict[str, Any]) -> bool:
+    return int(group["target_size"]) < int(group["min_size"])
+
+
+def _below_min_lines(groups: list[dict[str, Any]]) -> list[str]:
+    """Why a group is flagged: CA keeps a group at or above minSize when it scales down, but
+    does not scale one up to it (unless run with --enforce-node-group-min-size)."""
+    return [
+        f"below minSize: {group['name']} has a target of {int(group['target_size'])}, "
+        f"minSize is {int(group['min_size'])}: CA adds nodes to it only for pods that need "
+        "them, or with --enforce-node-group-min-size"
+        for group in groups
+        if _below_min(group)
+    ]
 
 
 def _last_call(seen: dict[str, Any] | None, now: float) -> str:

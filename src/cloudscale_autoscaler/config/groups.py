@@ -10,7 +10,15 @@ from typing import Any, TypeVar
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_DELETION, TAG_GROUP, TAG_REQUEST
 from cloudscale_autoscaler.config.interfaces import parse_interfaces
 from cloudscale_autoscaler.config.kubelet import BLOCK_KEYS, parse_kubelet
-from cloudscale_autoscaler.config.reader import Fields, Issues, child, describe, item, resolve
+from cloudscale_autoscaler.config.reader import (
+    Fields,
+    Issues,
+    as_written,
+    child,
+    describe,
+    item,
+    resolve,
+)
 from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.config.values import (
     TAINT_EFFECTS,
@@ -303,7 +311,8 @@ def _threshold(value: float) -> str | None:
 def _duration(fields: Fields, key: str) -> float | None:
     seconds = fields.duration(key, example="10m")
     if seconds is not None and seconds < 0:
-        fields.issues.add(fields.at(key), f'must not be negative, got "{fields.raw(key)}"')
+        written = as_written(fields.raw(key))
+        fields.issues.add(fields.at(key), f"must not be negative, got {written}")
         return None
     return seconds
 

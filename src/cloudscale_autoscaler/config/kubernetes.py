@@ -7,9 +7,10 @@ before a standby may take it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from cloudscale_autoscaler.config.reader import Fields, resolve
+from cloudscale_autoscaler.config.reader import Fields, as_written, describe, resolve
 from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.config.values import (
     dns_label_error,
@@ -62,11 +63,19 @@ def _duration(fields: Fields, key: str, default: str, *, zero_allowed: bool = Fa
         return parse_go_duration(default)
     if seconds < 0 or (seconds == 0 and not zero_allowed):
         bound = ">= 0" if zero_allowed else "> 0"
-        fields.issues.add(fields.at(key), f'must be {bound}, got "{fields.raw(key)}"')
+        fields.issues.add(fields.at(key), f"must be {bound}, got {as_written(fields.raw(key))}")
     return seconds
 
 
 def _tolerance(fields: Fields) -> float:
+    raw = fields.raw("driftTolerance")
+    if raw is not None and not isinstance(raw, str):
+        # YAML reads `3` and `0.03` as numbers: name the form, not just the type.
+        fields.issues.add(
+            fields.at("driftTolerance"),
+            f'expected a percentage such as "{DEFAULT_DRIFT_TOLERANCE}", got {describe(raw)}',
+        )
+        return float(parse_percent(DEFAULT_DRIFT_TOLERANCE)) / 100
     text = fields.string("driftTolerance") or DEFAULT_DRIFT_TOLERANCE
     try:
         percent = parse_percent(text)
@@ -114,6 +123,25 @@ def _object_name(fields: Fields, key: str) -> str | None:
     if name is not None and not fields.issues.check(fields.at(key), dns_subdomain_error(name)):
         return None
     return name
+
+
+# What the Kubernetes client's in-cluster loading reads; a Pod's containers always have them.
+IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+
+
+def outside_pod_error(settings: KubernetesConfig, env: Mapping[str, str]) -> str | None:
+    """Why the in-cluster service account cannot be used here, as `<path>: <reason>`: no
+    kubeconfig is given and the process runs outside a Pod. None otherwise."""
+    if settings.kubeconfig is not None:
+        return None
+    missing = [name for name in IN_CLUSTER_ENV if not env.get(name)]
+    if not missing:
+        return None
+    return (
+        "kubernetes.kubeconfig: not set, so the in-cluster service account is used, but this "
+        f"process runs outside a Pod ({' and '.join(missing)} not set): set "
+        "kubernetes.kubeconfig to a kubeconfig file, or run it in a Pod"
+    )
 
 
 def kubernetes_text(settings: KubernetesConfig | None) -> str:

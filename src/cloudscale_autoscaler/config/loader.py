@@ -17,7 +17,7 @@ from typing import Any
 from cloudscale_autoscaler.config.groups import GROUP_KEYS, parse_group
 from cloudscale_autoscaler.config.kubernetes import parse_kubernetes
 from cloudscale_autoscaler.config.pricing import check_group_prices, parse_pricing
-from cloudscale_autoscaler.config.reader import Fields, Issues, describe, item, resolve
+from cloudscale_autoscaler.config.reader import Fields, Issues, as_written, describe, item, resolve
 from cloudscale_autoscaler.config.types import (
     DEFAULT_API_URL,
     DEFAULT_GPU_LABEL,
@@ -88,7 +88,7 @@ def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
     issues = Issues()
     config = _parse(Fields(issues, "", data, TOP_KEYS), path.absolute().parent, environment)
     if issues:
-        raise ConfigError(issues.errors, source=str(path))
+        raise ConfigError(issues.errors, source=str(path), partial=config)
     # Defence in depth: mask the token in any log line, whatever path it takes there.
     register_secret(config.cloudscale.token)
     return config
@@ -122,9 +122,7 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
     listen_known = given_listen is not None or not top.present("listen")
     metrics = _metrics(top.section("metrics", METRICS_KEYS), listen if listen_known else None)
     gpu_label = top.string("gpuLabel") or DEFAULT_GPU_LABEL
-    top.issues.check(
-        top.at("gpuLabel"), qualified_name_error(gpu_label) or gpu_label_error(gpu_label)
-    )
+    top.issues.check(top.at("gpuLabel"), _gpu_label_error(gpu_label))
     placeholder_expiry = _duration(
         top, "placeholderExpiry", DEFAULT_PLACEHOLDER_EXPIRY, zero_allowed=False
     )
@@ -149,6 +147,19 @@ def _parse(top: Fields, base_dir: Path, env: Mapping[str, str]) -> Config:
         pricing=pricing,
         kubernetes=kubernetes,
         state_dir=state_dir,
+    )
+
+
+def _gpu_label_error(key: str) -> str | None:
+    reason = qualified_name_error(key)
+    if reason is not None:
+        return reason
+    reason = gpu_label_error(key)
+    if reason is None:
+        return None
+    return (
+        f'"{key}" cannot be the GPU label: {reason}; expected a label key of your own, '
+        f'such as "{DEFAULT_GPU_LABEL}" (the default) or "example.com/gpu"'
     )
 
 
@@ -215,7 +226,8 @@ def _duration(top: Fields, key: str, default: str, *, zero_allowed: bool) -> flo
     if seconds is None:
         return parse_go_duration(default)
     if seconds < 0 or (seconds == 0 and not zero_allowed):
-        top.issues.add(key, f'must be {">=" if zero_allowed else ">"} 0, got "{top.raw(key)}"')
+        bound = ">= 0" if zero_allowed else "> 0"
+        top.issues.add(key, f"must be {bound}, got {as_written(top.raw(key))}")
     return seconds
 
 

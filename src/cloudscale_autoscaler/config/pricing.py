@@ -16,7 +16,8 @@ from cloudscale_autoscaler.config.reader import Fields, child, describe, is_numb
 from cloudscale_autoscaler.config.types import NodeGroupConfig, PricingConfig, with_entries
 
 PRICING_KEYS = ("currency", "flavorsPerHour", "volumePerGBHour")
-_CURRENCY = re.compile(r"[A-Z]{3}")
+CURRENCY = r"[A-Z]{3}"  # ISO 4217
+_CURRENCY = re.compile(CURRENCY)
 # Far above any real price per hour in any currency, far enough below a double's range that
 # a price times any interval CA can send (int64 seconds) stays a finite answer.
 MAX_PRICE = Decimal(10**6)

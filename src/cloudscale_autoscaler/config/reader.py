@@ -83,6 +83,21 @@ class Issues:
         return bool(self.errors)
 
 
+def as_written(value: Any) -> str:
+    """A duration as the file has it: `"0s"` quoted, a bare `0` bare."""
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def duration_type_reason(value: Any, example: str) -> str:
+    """Why a value that is no string is no duration: a number needs its unit."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (
+            f'expected a duration with a unit such as "{example}" ("{value}s" for {value} '
+            f"seconds; only 0 may stand alone), got {describe(value)}"
+        )
+    return f'expected a duration such as "{example}", got {describe(value)}'
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -175,14 +190,16 @@ class Fields:
         return float(value)
 
     def duration(self, key: str, example: str) -> float | None:
-        """A Go duration string ("90s", "1h30m") in seconds; None when absent or invalid
-        (reported). Range rules are the caller's."""
+        """A Go duration string ("90s", "1h30m") in seconds, or a bare `0` (Go's
+        time.ParseDuration takes "0" without a unit, and YAML reads an unquoted 0 as an
+        integer); None when absent or invalid (reported). Range rules are the caller's."""
         value = self._get(key, False)
         if value is None:
             return None
+        if value == 0 and isinstance(value, int) and not isinstance(value, bool):
+            return 0.0
         if not isinstance(value, str):
-            wanted = f'expected a duration string such as "{example}"'
-            self.issues.add(self.at(key), f"{wanted}, got {describe(value)}")
+            self.issues.add(self.at(key), duration_type_reason(value, example))
             return None
         try:
             return parse_go_duration(value)

@@ -19,9 +19,13 @@ DEFAULT_MAX_PODS = 110
 class ConfigError(Exception):
     """Every problem found in a config, each formatted as `<path>: <reason>`."""
 
-    def __init__(self, errors: list[str], source: str = "") -> None:
+    def __init__(self, errors: list[str], source: str = "", partial: Config | None = None) -> None:
         self.errors = errors
         self.source = source
+        # What the loader made of the file despite the errors (defaults where a value was
+        # wrong), so a caller can run its own checks in the same pass: check-config reads
+        # the TLS files a valid `tls` section names. None when the file was not read at all.
+        self.partial = partial
         prefix = f"{source}: " if source else ""
         super().__init__(prefix + "invalid config:\n" + "\n".join(f"  {e}" for e in errors))
 

@@ -18,14 +18,20 @@ from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.userdata import PLACEHOLDERS
 from cloudscale_autoscaler.template.quantity import parse_percent, parse_quantity
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# The value grammars, as regular expressions both Python and the chart's JSON Schema
+# (config/schema.py; Go's RE2 in helm) read the same way.
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
 # The name part of a qualified name and a label value share one character set.
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_DNS_LABEL = re.compile(DNS_LABEL)
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+_LABEL_NAME = re.compile(LABEL_NAME)
 _HOSTNAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
 )
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_UUID = re.compile(UUID)
 
 LABEL_NAME_MAX = 63
 SUBDOMAIN_MAX = 253
@@ -143,7 +149,9 @@ _DURATION_UNITS = {
 # Go's time.Duration is an int64 of nanoseconds: about ±292 years. CA parses our durations
 # into one (and the externalgrpc protos carry them as such).
 _GO_DURATION_MAX_NS = 2**63 - 1
-_DURATION_SEGMENT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# One number and its unit; ASCII digits only, as Go reads them.
+DURATION_SEGMENT = r"([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"
+_DURATION_SEGMENT = re.compile(DURATION_SEGMENT)
 
 
 def parse_go_duration(value: str) -> float:
@@ -160,7 +168,7 @@ def parse_go_duration(value: str) -> float:
         if match is None:
             break
         try:
-            total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            total += Fraction(match.group(1)) * _DURATION_UNITS[match.group(3)]
         except ValueError:  # more digits than Python converts: far beyond the range anyway
             raise ValueError(_beyond_go_duration(value)) from None
         pos = match.end()

@@ -122,20 +122,73 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- end -}}
 
 {{/*
-What values.schema.json cannot say about the node groups, checked at render time so that a
-mistake fails `helm install` instead of crash-looping the provider: minSize <= maxSize and
-names used once (the provider checks both again at start).
+What values.schema.json cannot say about the config (it relates values to each other; the
+loader's CROSS_FIELD_RULES, cloudscale_autoscaler/config/schema.py), checked at render time so
+that a mistake fails `helm install` instead of crash-looping the provider, which checks them
+again at start: minSize <= maxSize; node group names, <name>-<zone> of `zones` included, used
+once; server names `<cluster>-<group>-<8 characters>` within a host name's 63; a price for
+every group's flavor; and the Lease's leaseDuration > renewDeadline > 1.2 x retryPeriod.
+docs/deployment.md lists what only the provider checks.
 */}}
 {{- define "cloudscale-autoscaler.checkNodeGroups" -}}
 {{- $seen := dict -}}
+{{- $cluster := toString .Values.config.cluster -}}
+{{- $pricing := .Values.config.pricing -}}
 {{- range $i, $group := .Values.config.nodeGroups -}}
 {{- if gt (int $group.minSize) (int $group.maxSize) -}}
 {{- fail (printf "config.nodeGroups[%d].minSize: %v is greater than maxSize (%v)" $i $group.minSize $group.maxSize) -}}
 {{- end -}}
-{{- if hasKey $seen $group.name -}}
-{{- fail (printf "config.nodeGroups[%d].name: %q is already the name of config.nodeGroups[%v]" $i $group.name (get $seen $group.name)) -}}
+{{- $names := list $group.name -}}
+{{- if $group.zones -}}
+{{- $names = list -}}
+{{- range $zone := $group.zones -}}
+{{- $names = append $names (printf "%s-%s" $group.name $zone) -}}
 {{- end -}}
-{{- $_ := set $seen $group.name $i -}}
+{{- end -}}
+{{- range $name := $names -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "config.nodeGroups[%d].name: node group %q is already made by config.nodeGroups[%v]" $i $name (get $seen $name)) -}}
+{{- end -}}
+{{- $_ := set $seen $name $i -}}
+{{- $length := add (len $cluster) (len $name) 10 -}}
+{{- if gt $length 63 -}}
+{{- fail (printf "config.nodeGroups[%d].name: server names \"%s-%s-<8 chars>\" would be %d characters, more than the 63 a host name label allows; shorten config.cluster or the group name (together at most 53 characters)" $i $cluster $name $length) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (kindIs "map" $pricing) (kindIs "map" $pricing.flavorsPerHour) -}}
+{{- if not (hasKey $pricing.flavorsPerHour $group.flavor) -}}
+{{- fail (printf "config.pricing.flavorsPerHour: no price for flavor %q of config.nodeGroups[%d] (%q): CA's price expander would never choose that group" $group.flavor $i $group.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- include "cloudscale-autoscaler.checkLease" . -}}
+{{- end -}}
+
+{{/* A Go duration ("1h30m", "500ms", "0") as seconds, for the checks above. */}}
+{{- define "cloudscale-autoscaler.seconds" -}}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "μs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range $part := regexFindAll "[0-9.]+(ns|us|µs|μs|ms|s|m|h)" (toString .) -1 -}}
+{{- $number := regexFind "^[0-9.]+" $part -}}
+{{- $total = addf $total (mulf (float64 $number) (get $units (trimPrefix $number $part))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* client-go's rules for the Lease timings, as the provider checks them at start (the chart
+writes them into the config whenever it has a `kubernetes` section). */}}
+{{- define "cloudscale-autoscaler.checkLease" -}}
+{{- if .Values.kubernetes.enabled -}}
+{{- $election := .Values.kubernetes.leaderElection -}}
+{{- $lease := float64 (include "cloudscale-autoscaler.seconds" $election.leaseDuration) -}}
+{{- $renew := float64 (include "cloudscale-autoscaler.seconds" $election.renewDeadline) -}}
+{{- $retry := float64 (include "cloudscale-autoscaler.seconds" $election.retryPeriod) -}}
+{{- if le $lease $renew -}}
+{{- fail (printf "kubernetes.leaderElection.leaseDuration: must be greater than renewDeadline (%v)" $election.renewDeadline) -}}
+{{- end -}}
+{{- if le $renew (mulf $retry 1.2) -}}
+{{- fail (printf "kubernetes.leaderElection.renewDeadline: must be greater than 1.2 x retryPeriod (%v)" $election.retryPeriod) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

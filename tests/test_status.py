@@ -16,6 +16,7 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,12 @@ def test_a_group_below_its_min_size_is_flagged(minimum: int, target: int, flagge
     doc = document(refresh=RefreshOutcome(now - 5, 0.25))
     doc["at_unix"] = now
     doc["groups"][0].update(min_size=minimum, target_size=target)
+    # What the engine says (group_status), as /status serves it.
+    group = make_group(*(server(i) for i in range(target)))
+    group.config = replace(group.config, min_size=minimum)
+    computed = group_status(group, now=100.0, now_unix=now, lifetime=LIFETIME)
+    assert computed.below_min_size is flagged
+    doc["groups"][0]["below_min_size"] = computed.below_min_size
     lines = command.render_table(doc).splitlines()
     target_cell = cells(lines[1])[command.GROUP_HEADER.index("TARGET")]
     assert target_cell == (f"{target} (<MIN)" if flagged else str(target))

@@ -88,7 +88,7 @@ def _start_errors(config: Config, found: Sequence[str], env: Mapping[str, str]) 
             errors.append(str(exc))
     if config.kubernetes is not None and clean("kubernetes"):
         outside = outside_pod_error(config.kubernetes, env)
-        if outside is not None:
+        if outside is not None:  # said without loading the kubernetes package
             return [*errors, outside]
         # Imported only here: without the section nothing loads the kubernetes package.
         from cloudscale_autoscaler.kube.api import KubeConfigError

@@ -152,7 +152,7 @@ def _group_row(group: dict[str, Any], now: float) -> tuple[str, ...]:
 
 
 def _below_min(group: dict[str, Any]) -> bool:
-    return int(group["target_size"]) < int(group["min_size"])
+    return bool(group["below_min_size"])
 
 
 def _below_min_lines(groups: list[dict[str, Any]]) -> list[str]:

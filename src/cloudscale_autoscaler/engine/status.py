@@ -66,6 +66,8 @@ class GroupStatus:
     # Anti-affinity server groups the provider manages for it (antiAffinity), listed or being
     # created.
     server_groups: int
+    # The target is below minSize: CA does not scale a group up to its minSize by itself.
+    below_min_size: bool
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,12 @@ def group_status(group: GroupState, now: float, now_unix: float, lifetime: float
     """`now`: the engine's (monotonic) clock, which placeholder ages are counted on."""
     pending = list(group.pending_creations())
     queued = sum(1 for c in pending if c.state is CreationState.QUEUED)
+    target = group.target()
     return GroupStatus(
         name=group.name,
         min_size=group.config.min_size,
         max_size=group.config.max_size,
-        target_size=group.target(),
+        target_size=target,
         servers=server_counts(group, now_unix),
         creations_in_flight=len(pending) - queued,
         creations_queued=queued,
@@ -135,4 +138,5 @@ def group_status(group: GroupState, now: float, now_unix: float, lifetime: float
             placeholder_status(p, now, lifetime) for p in group.placeholders.values()
         ),
         server_groups=0 if group.placement is None else group.placement.count,
+        below_min_size=target < group.config.min_size,
     )

@@ -23,6 +23,7 @@ from typing import TypeVar
 from kubernetes import client as k8s
 
 from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.kubernetes import outside_pod_error
 from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
@@ -45,6 +46,9 @@ def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
     """What serving needs from Kubernetes, checked before it listens (check-config runs it
     too): an API client, and with leader election the Lease's namespace (None without).
     Raises KubeConfigError."""
+    outside = outside_pod_error(settings, os.environ)
+    if outside is not None:  # the same words as check-config's
+        raise KubeConfigError(outside)
     client = load_client(settings.kubeconfig)
     election = settings.leader_election
     if not election.enabled:

@@ -77,7 +77,7 @@ def _child(module: str, *args: str) -> Any:
 
 async def _inventory(config_path: Path, admin_port: int, size: int) -> dict[str, Any]:
     from cloudscale_autoscaler.app import start_provider
-    from cloudscale_autoscaler.config import load_config
+    from cloudscale_autoscaler.config.loader import load_config
 
     admin = EmulatorAdmin(admin_port)
     admin.reset()

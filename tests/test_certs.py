@@ -11,8 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from cloudscale_autoscaler import certs
 from cloudscale_autoscaler.commands.certs import certs_command
+from cloudscale_autoscaler.transport import certs
 from cloudscale_autoscaler.transport.tls import load_material
 
 

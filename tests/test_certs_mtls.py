@@ -15,8 +15,7 @@ import pytest
 from fixtures.tls import serving
 from fixtures.tools import run_cli
 
-from cloudscale_autoscaler.config import Config, NodeGroupConfig
-from cloudscale_autoscaler.config.types import TLSConfig
+from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, TLSConfig
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.transport.tls import TLSFileError

@@ -16,11 +16,17 @@ from fixtures.emulator import TOKEN as EMULATOR_TOKEN
 from fixtures.emulator import RunningEmulator
 from fixtures.tools import cli, free_port
 
-from cloudscale_autoscaler.catalogue_check import catalogue_errors
-from cloudscale_autoscaler.certs import DevPKI, Validity, mint_dev_pki, mint_leaf, mint_server
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
-from cloudscale_autoscaler.config import NodeGroupConfig
+from cloudscale_autoscaler.config.types import NodeGroupConfig
+from cloudscale_autoscaler.engine.catalogue_check import catalogue_errors
+from cloudscale_autoscaler.transport.certs import (
+    DevPKI,
+    Validity,
+    mint_dev_pki,
+    mint_leaf,
+    mint_server,
+)
 
 SECRET = "check-config-secret-token-0123456789"
 

@@ -12,13 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, load_config
 from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.config.types import (
     AutoscalingOptions,
     CloudscaleConfig,
+    Config,
+    ConfigError,
     KubeletConfig,
     MetricsConfig,
+    NodeGroupConfig,
     Taint,
     TLSConfig,
 )
@@ -31,7 +34,7 @@ from cloudscale_autoscaler.config.values import (
     qualified_name_error,
     threshold_error,
 )
-from cloudscale_autoscaler.engine.userdata import UserDataError, render
+from cloudscale_autoscaler.template.userdata import UserDataError, render
 
 TOKEN = "s3cr3t-T0KEN-value-1234567890"
 ENV = {"CLOUDSCALE_API_TOKEN": TOKEN}
@@ -1082,7 +1085,7 @@ TEMPLATES = [
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_loader_accepts_exactly_what_the_engine_can_render(template: str) -> None:
-    """The loader's check and engine/userdata.render must agree on the grammar."""
+    """The loader's check and template/userdata.render must agree on the grammar."""
     values = dict.fromkeys(("node_labels", "node_taints", "server_name", "group", "cluster"), "v")
     try:
         render(template, values)

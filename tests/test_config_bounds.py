@@ -15,8 +15,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cloudscale_autoscaler.config import Config, ConfigError, load_config
 from cloudscale_autoscaler.config.groups import MAX_VOLUME_GB
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.config.yamlfile import MAX_DEPTH, MAX_DOCUMENT_BYTES
 
 ENV = {"CLOUDSCALE_API_TOKEN": "bounds-test-token-0123456789"}

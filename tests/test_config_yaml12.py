@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from cloudscale_autoscaler.config import Config, ConfigError, load_config
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.config.yamlfile import YamlProblem, parse_yaml
 
 ENV = {"CLOUDSCALE_API_TOKEN": "yaml12-test-token-0123456789"}

@@ -34,8 +34,9 @@ import yaml
 from fixtures.tools import INSTALL_TIMEOUT_SECONDS
 from kubernetes.client import ApiClient, models
 
-from cloudscale_autoscaler.certs import mint_dev_pki
-from cloudscale_autoscaler.config import Config, load_config
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import Config
+from cloudscale_autoscaler.transport.certs import mint_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -15,8 +15,7 @@ import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
 from cloudscale_autoscaler.commands.drift import exit_code, render
-from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.config.types import KubeletConfig, Taint
+from cloudscale_autoscaler.config.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
 from cloudscale_autoscaler.kube.drift import (
     ABSENT,

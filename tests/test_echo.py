@@ -13,7 +13,7 @@ import pytest
 from fixtures.stack import StackFactory, group
 
 from cloudscale_autoscaler.config.types import PricingConfig
-from cloudscale_autoscaler.echo import ECHO_LIMIT, clip
+from cloudscale_autoscaler.observability.echo import ECHO_LIMIT, clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 

@@ -14,8 +14,7 @@ from cloudscale_autoscaler.cloud.errors import (
     QuotaExceededError,
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, Server
-from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.config.types import AutoscalingOptions, Taint
+from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.engine import instances, names, options, spec
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.engine.group import (

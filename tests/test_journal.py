@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from cloudscale_autoscaler.config import Config, NodeGroupConfig
 from cloudscale_autoscaler.config.advice import JOURNAL_WARNING, config_warnings
-from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.config.types import (
+    Config,
+    KubernetesConfig,
+    LeaderElectionConfig,
+    NodeGroupConfig,
+)
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore
 from cloudscale_autoscaler.journal.store import Conflict, JournalError, Stored

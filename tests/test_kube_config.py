@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cloudscale_autoscaler.config import ConfigError, load_config
 from cloudscale_autoscaler.config.kubernetes import kubernetes_text
-from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import ConfigError, KubernetesConfig, LeaderElectionConfig
 
 ENV = {"CLOUDSCALE_API_TOKEN": "token"}
 LE = "kubernetes.leaderElection"

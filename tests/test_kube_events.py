@@ -35,7 +35,7 @@ from cloudscale_autoscaler.kube.events import Regarding
 from cloudscale_autoscaler.kube.recorder import EventRecorder
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.service.serving import Serving
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 CLUSTER = "events"

@@ -1,11 +1,13 @@
-"""The product's module graph: no import circle, and no library module importing a command.
+"""The product's module graph: no import circle, no library module importing a command, the
+rooms apart (config below the engine, template pure) and nothing loose at the package root.
 The same for the Rust crate's modules (rust/src), read from their `use crate::` lines.
 
 Read from the source with `ast`, not by importing: every import of a product module counts
-wherever it stands (a function-level import runs as surely as a top-level one, only later),
-except those under `if TYPE_CHECKING:`, which never run. Importing `a.b.c` also runs the
-`__init__` of `a.b` (unless the importer is inside `a.b`, whose `__init__` is already running),
-so that counts as an import of `a.b` too.
+wherever it stands (a function-level import runs as surely as a top-level one, only later).
+Imports under `if TYPE_CHECKING:` never run, but they still say which room leans on which, so
+the circle and room checks count them; only "what may run" (template's purity) leaves them
+out. Importing `a.b.c` also runs the `__init__` of `a.b` (unless the importer is inside `a.b`,
+whose `__init__` is already running), so that counts as an import of `a.b` too.
 """
 
 from __future__ import annotations
@@ -48,16 +50,17 @@ def _is_type_checking(test: ast.expr) -> bool:
     return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
 
 
-def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: all but the body of `if TYPE_CHECKING:`."""
+def _imports(tree: ast.AST, annotations: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement; without `annotations`, only those that can run (all but the
+    body of `if TYPE_CHECKING:`)."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not annotations and isinstance(node, ast.If) and _is_type_checking(node.test):
             for branch in node.orelse:
-                yield from _runtime_imports(ast.Module(body=[branch], type_ignores=[]))
+                yield from _imports(ast.Module(body=[branch], type_ignores=[]), annotations)
             continue
-        yield from _runtime_imports(node)
+        yield from _imports(node, annotations)
 
 
 def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -70,12 +73,12 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*anchor, node.module] if node.module else anchor)
 
 
-def _targets(module: str, path: Path, known: set[str]) -> set[str]:
+def _targets(module: str, path: Path, known: set[str], annotations: bool) -> set[str]:
     """The product modules `module` imports: a submodule a `from` names, or the module whose
     namespace a name is read from."""
     is_package = path.name == "__init__.py"
     targets: set[str] = set()
-    for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+    for node in _imports(ast.parse(path.read_text(), str(path)), annotations):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
             continue
@@ -97,12 +100,12 @@ def _with_packages(module: str, targets: set[str], known: set[str]) -> set[str]:
     return {name for name in out if name in known and (name in targets or name not in own)}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(annotations: bool = True) -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
     graph = {}
     for module, path in modules.items():
-        targets = _with_packages(module, _targets(module, path, known), known)
+        targets = _with_packages(module, _targets(module, path, known, annotations), known)
         graph[module] = targets - {module}
     return graph
 
@@ -190,6 +193,38 @@ def test_no_library_module_imports_a_command() -> None:
     assert not offenders, "library modules importing a command:\n" + "\n".join(offenders)
 
 
+CONFIG = f"{PACKAGE}.config"
+ENGINE = f"{PACKAGE}.engine"
+
+
+def test_config_sits_below_the_engine() -> None:
+    """The engine reads the config; the config never reaches up into the engine."""
+    graph = import_graph()
+    assert CONFIG in graph and ENGINE in graph
+    offenders = [
+        f"{_short(module)} imports {_short(target)}"
+        for module, targets in sorted(graph.items())
+        if _within(module, CONFIG)
+        for target in sorted(targets)
+        if _within(target, ENGINE)
+    ]
+    assert not offenders, "config/ importing the engine:\n" + "\n".join(offenders)
+
+
+# The package root holds the assembly only; every concept lives in its room (a package).
+ROOT_MODULES = {"__init__.py", "__main__.py", "app.py", "cli.py", "_transport.pyi"}
+
+
+def test_package_root_holds_only_the_assembly() -> None:
+    loose = sorted(
+        path.name
+        for path in SOURCE.iterdir()
+        if path.is_file() and path.suffix in {".py", ".pyi"} and path.name not in ROOT_MODULES
+    )
+    assert (SOURCE / "app.py").is_file(), f"{SOURCE} is not the package"
+    assert not loose, f"modules loose at the package root: {', '.join(loose)}"
+
+
 # What template/ may run: the flavor's model and itself (its config types are annotations).
 TEMPLATE = f"{PACKAGE}.template"
 TEMPLATE_MAY_IMPORT = (TEMPLATE, f"{PACKAGE}.cloud.models", f"{PACKAGE}.cloud")
@@ -197,7 +232,7 @@ TEMPLATE_MAY_IMPORT = (TEMPLATE, f"{PACKAGE}.cloud.models", f"{PACKAGE}.cloud")
 
 def test_template_is_pure() -> None:
     """A group's settings and a flavor in, a Node out: no config loader, no kube/, no API."""
-    graph = import_graph()
+    graph = import_graph(annotations=False)
     assert TEMPLATE in graph
     offenders = [
         f"{_short(module)} imports {_short(target)}"
@@ -212,35 +247,67 @@ def test_template_is_pure() -> None:
 
 
 # The graph reader itself, on sources written here: each must find what it should, or the
-# tests above could pass by reading nothing.
+# tests above could pass by reading nothing. `runtime` leaves annotation-only imports out.
 @pytest.mark.parametrize(
-    ("source", "expected"),
+    ("source", "runtime", "annotated"),
     [
-        ("from cloudscale_autoscaler.config import Config", {"config"}),
-        ("from cloudscale_autoscaler.config.types import Taint", {"config.types", "config"}),
-        ("import cloudscale_autoscaler.config.types", {"config.types", "config"}),
-        ("from cloudscale_autoscaler.config import types", {"config.types", "config"}),
-        ("def f():\n    from cloudscale_autoscaler.config import Config", {"config"}),
-        ("from .quantity import parse_quantity", {"template.quantity"}),
-        ("from . import quantity", {"template.quantity"}),
-        ("from . import ARCH", {"template"}),
-        ("from ..config import Config", {"config"}),
-        ("if TYPE_CHECKING:\n    from cloudscale_autoscaler.config import Config", set()),
+        ("from cloudscale_autoscaler.config import Config", {"config"}, {"config"}),
+        (
+            "from cloudscale_autoscaler.config.types import Taint",
+            {"config.types", "config"},
+            {"config.types", "config"},
+        ),
+        (
+            "import cloudscale_autoscaler.config.types",
+            {"config.types", "config"},
+            {"config.types", "config"},
+        ),
+        (
+            "from cloudscale_autoscaler.config import types",
+            {"config.types", "config"},
+            {"config.types", "config"},
+        ),
+        (
+            "def f():\n    from cloudscale_autoscaler.config import Config",
+            {"config"},
+            {"config"},
+        ),
+        ("from .quantity import parse_quantity", {"template.quantity"}, {"template.quantity"}),
+        ("from . import quantity", {"template.quantity"}, {"template.quantity"}),
+        ("from . import ARCH", {"template"}, {"template"}),
+        ("from ..config import Config", {"config"}, {"config"}),
+        (
+            "if TYPE_CHECKING:\n    from cloudscale_autoscaler.config.types import Config",
+            set(),
+            {"config.types", "config"},
+        ),
         (
             "if typing.TYPE_CHECKING:\n    import cloudscale_autoscaler.config\n"
-            "else:\n    import cloudscale_autoscaler.echo",
-            {"echo"},
+            "else:\n    import cloudscale_autoscaler.observability.echo",
+            {"observability.echo", "observability"},
+            {"config", "observability.echo", "observability"},
         ),
     ],
 )
-def test_reader_finds_runtime_imports(tmp_path: Path, source: str, expected: set[str]) -> None:
-    names = ("config", "config.types", "echo", "template", "template.quantity", "template.labels")
+def test_reader_finds_imports(
+    tmp_path: Path, source: str, runtime: set[str], annotated: set[str]
+) -> None:
+    names = (
+        "config",
+        "config.types",
+        "observability",
+        "observability.echo",
+        "template",
+        "template.quantity",
+        "template.labels",
+    )
     known = {f"{PACKAGE}.{name}" for name in names}
     path = tmp_path / "labels.py"
     path.write_text(source + "\n")
     module = f"{PACKAGE}.template.labels"
-    found = _with_packages(module, _targets(module, path, known), known)
-    assert {_short(name) for name in found} == expected
+    for typed, expected in ((False, runtime), (True, annotated)):
+        found = _with_packages(module, _targets(module, path, known, typed), known)
+        assert {_short(name) for name in found} == expected, f"annotations={typed}"
 
 
 def test_tangles_and_circle() -> None:

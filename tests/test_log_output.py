@@ -174,7 +174,7 @@ def test_unraisable_exceptions_are_logged_in_the_chosen_format(tmp_path: Path) -
     # What the transport's callbacks raise reaches sys.unraisablehook (pyo3's
     # write_unraisable), as does an exception in __del__: the same hook, a real process.
     program = (
-        "from cloudscale_autoscaler.logs import setup_logging\n"
+        "from cloudscale_autoscaler.observability.logs import setup_logging\n"
         "setup_logging('json', 'info')\n"
         "class Doomed:\n"
         "    def __del__(self):\n"

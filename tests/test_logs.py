@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloudscale_autoscaler import logs
+from cloudscale_autoscaler.observability import logs
 
 SECRET = "s3cr3t-token-value-0123456789"
 

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from fixtures.tls import with_key
 from fixtures.tools import free_port, run_cli
 
-from cloudscale_autoscaler import certs
-from cloudscale_autoscaler.certs import Validity
+from cloudscale_autoscaler.transport import certs
+from cloudscale_autoscaler.transport.certs import Validity
 
 TOKEN = "preflight-test-token-0123456789"
 Break = Callable[[Path, certs.DevPKI], None]

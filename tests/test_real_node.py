@@ -79,8 +79,8 @@ from test_ca_real import (
     wait_answered_and_creating,
 )
 
-from cloudscale_autoscaler.certs import Issued, mint_ca
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER
+from cloudscale_autoscaler.transport.certs import Issued, mint_ca
 
 pytestmark = [pytest.mark.kube, pytest.mark.node, NEEDS_NODE]
 

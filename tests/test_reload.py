@@ -27,7 +27,7 @@ from fixtures.tls import PKI, grpc_channel
 from fixtures.tools import free_port
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
-from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2

@@ -34,9 +34,9 @@ from fixtures.stack import Stack, group, group_tags, stack_config, start_stack
 from fixtures.tls import PKI, client_ssl_context, grpc_channel, other_ca
 from fixtures.tools import free_port
 
-from cloudscale_autoscaler import certs
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.transport import certs
 
 TIMEOUT = 10.0
 Code = grpc.StatusCode

@@ -15,7 +15,7 @@ from fixtures.tls import grpc_channel
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.gate import gated
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.service.serving import Serving
 from cloudscale_autoscaler.transport.server import RPC_NAMES, start_server
 
 LEASE = "kube-system/cloudscale-autoscaler"

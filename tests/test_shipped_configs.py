@@ -24,8 +24,8 @@ import yaml
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.tools import INSTALL_TIMEOUT_SECONDS, cli, free_port
 
-from cloudscale_autoscaler.certs import mint_dev_pki
 from cloudscale_autoscaler.commands.demo import write_workspace
+from cloudscale_autoscaler.transport.certs import mint_dev_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "cloudscale-autoscaler"

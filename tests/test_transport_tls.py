@@ -30,9 +30,9 @@ from fixtures.tls import (
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cloudscale_autoscaler.certs import Issued, Validity, mint_leaf
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.transport.certs import Issued, Validity, mint_leaf
 from cloudscale_autoscaler.transport.clients import AllowedClients
 from cloudscale_autoscaler.transport.server import RunningServer
 from cloudscale_autoscaler.transport.tls import ReloadingCredentials, TLSFileError, load_material

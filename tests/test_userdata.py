@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cloudscale_autoscaler.config.types import Taint
-from cloudscale_autoscaler.engine.userdata import (
+from cloudscale_autoscaler.template.userdata import (
     UserDataError,
     format_labels,
     format_taints,

@@ -13,8 +13,8 @@ from test_check_config import EMULATOR_TOKEN, check_online, failure_lines
 from test_check_config import write_config as write_checked_config
 from test_config import ENV, base_doc, errors_of, write
 
-from cloudscale_autoscaler.config import load_config
 from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.template.labels import LABEL_POOL
 
 

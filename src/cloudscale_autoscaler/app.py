@@ -16,21 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cloudscale_autoscaler.catalogue_check import online_problems
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.types import Config
+from cloudscale_autoscaler.engine.catalogue_check import online_problems
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.journal.file import FileStore
-from cloudscale_autoscaler.metrics import Metrics
+from cloudscale_autoscaler.observability.metrics import Metrics
+from cloudscale_autoscaler.observability.status import Status, collect, leader_status
 from cloudscale_autoscaler.reload.reloader import Reloader
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
-from cloudscale_autoscaler.serving import Serving
-from cloudscale_autoscaler.status import Status, collect, leader_status
+from cloudscale_autoscaler.service.serving import Serving
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
     ListenError,
@@ -40,8 +40,8 @@ from cloudscale_autoscaler.transport.server import (
 from cloudscale_autoscaler.transport.tls import TLSFileError
 
 if TYPE_CHECKING:
-    from cloudscale_autoscaler.endpoint import HealthServer
     from cloudscale_autoscaler.kube.link import ClusterLink
+    from cloudscale_autoscaler.observability.endpoint import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ async def start_provider(
         _reload_from(path, running, hot)
     if config.metrics.listen is not None:
         # Imported only here: without the endpoint nothing loads aiohttp.
-        from cloudscale_autoscaler.endpoint import HealthServer
+        from cloudscale_autoscaler.observability.endpoint import HealthServer
 
         health = HealthServer(
             provider.metrics,

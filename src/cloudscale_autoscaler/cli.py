@@ -126,7 +126,7 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from cloudscale_autoscaler.logs import setup_logging
+    from cloudscale_autoscaler.observability.logs import setup_logging
 
     setup_logging(args.log_format, args.log_level)
     try:

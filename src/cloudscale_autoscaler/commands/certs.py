@@ -6,7 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cloudscale_autoscaler.certs import DEFAULT_CLIENT_NAME, CertError, mint_dev_pki, server_sans
+from cloudscale_autoscaler.transport.certs import (
+    DEFAULT_CLIENT_NAME,
+    CertError,
+    mint_dev_pki,
+    server_sans,
+)
 
 
 def certs_command(out: Path, dns: list[str], ip: list[str]) -> int:

@@ -12,7 +12,15 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cloudscale_autoscaler.catalogue_check import (
+from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
+from cloudscale_autoscaler.cloud.models import Network, Subnet
+from cloudscale_autoscaler.config.advice import config_warnings
+from cloudscale_autoscaler.config.interfaces import interfaces_text
+from cloudscale_autoscaler.config.kubernetes import kubernetes_text, outside_pod_error
+from cloudscale_autoscaler.config.loader import TOKEN_ENV, load_config
+from cloudscale_autoscaler.config.pricing import price_text, pricing_text
+from cloudscale_autoscaler.config.types import Config, ConfigError, NodeGroupConfig, PricingConfig
+from cloudscale_autoscaler.engine.catalogue_check import (
     Catalogue,
     catalogue_errors,
     fetch_catalogue,
@@ -20,17 +28,8 @@ from cloudscale_autoscaler.catalogue_check import (
     known,
     networks_to_check,
 )
-from cloudscale_autoscaler.cloud.errors import AuthenticationError, CloudError
-from cloudscale_autoscaler.cloud.models import Network, Subnet
-from cloudscale_autoscaler.config import Config, ConfigError, NodeGroupConfig, load_config
-from cloudscale_autoscaler.config.advice import config_warnings
-from cloudscale_autoscaler.config.interfaces import interfaces_text
-from cloudscale_autoscaler.config.kubernetes import kubernetes_text, outside_pod_error
-from cloudscale_autoscaler.config.loader import TOKEN_ENV
-from cloudscale_autoscaler.config.pricing import price_text, pricing_text
-from cloudscale_autoscaler.config.types import PricingConfig
 from cloudscale_autoscaler.journal.file import FILE_NAME as JOURNAL_FILE
-from cloudscale_autoscaler.logs import to_stderr
+from cloudscale_autoscaler.observability.logs import to_stderr
 
 log = logging.getLogger(__name__)
 

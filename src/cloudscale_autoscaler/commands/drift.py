@@ -13,8 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloudscale_autoscaler.config import Config, ConfigError
-from cloudscale_autoscaler.config.types import KubernetesConfig
+from cloudscale_autoscaler.config.types import Config, ConfigError, KubernetesConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
 from cloudscale_autoscaler.kube.drift import informational
@@ -26,7 +25,7 @@ HEADER = ("GROUP", "NODES", "FIELD", "TEMPLATE", "LIVE", "NODE", "DIFF", "")
 
 
 def drift_command(config_path: Path, kubeconfig: Path | None) -> int:
-    from cloudscale_autoscaler.config import load_config
+    from cloudscale_autoscaler.config.loader import load_config
     from cloudscale_autoscaler.kube.api import KubeConfigError, KubeError
 
     try:

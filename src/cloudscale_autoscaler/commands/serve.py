@@ -12,8 +12,9 @@ import logging
 from pathlib import Path
 
 from cloudscale_autoscaler.app import run
-from cloudscale_autoscaler.config import ConfigError, load_config
-from cloudscale_autoscaler.logs import to_stderr
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import ConfigError
+from cloudscale_autoscaler.observability.logs import to_stderr
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ Printed by `check-config` and logged by `serve` at start; never a reason to refu
 from __future__ import annotations
 
 from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, with_entries
-from cloudscale_autoscaler.engine.userdata import UserDataError, placeholders_in
 from cloudscale_autoscaler.template.slug import flavor_from_slug
+from cloudscale_autoscaler.template.userdata import UserDataError, placeholders_in
 
 
 def config_warnings(config: Config) -> list[str]:

@@ -31,6 +31,7 @@ from cloudscale_autoscaler.config.types import (
 )
 from cloudscale_autoscaler.config.values import (
     LABEL_NAME_MAX,
+    SUFFIX_LENGTH,
     dns_label_error,
     http_url_error,
     parse_go_duration,
@@ -44,8 +45,7 @@ from cloudscale_autoscaler.config.yamlfile import (
     read_document,
     read_text,
 )
-from cloudscale_autoscaler.engine.names import SUFFIX_LENGTH
-from cloudscale_autoscaler.logs import register_secret
+from cloudscale_autoscaler.observability.logs import register_secret
 from cloudscale_autoscaler.template.labels import gpu_label_error
 
 log = logging.getLogger(__name__)

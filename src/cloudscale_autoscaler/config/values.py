@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from fractions import Fraction
 from urllib.parse import urlsplit
 
-from cloudscale_autoscaler.echo import clip
-from cloudscale_autoscaler.engine.userdata import PLACEHOLDERS
+from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.template.quantity import parse_percent, parse_quantity
+from cloudscale_autoscaler.template.userdata import PLACEHOLDERS
 
 # The value grammars, as regular expressions both Python and the chart's JSON Schema
 # (config/schema.py; Go's RE2 in helm) read the same way.
@@ -34,6 +34,9 @@ _HOSTNAME = re.compile(
 _UUID = re.compile(UUID)
 
 LABEL_NAME_MAX = 63
+# The random part of a server name (`<cluster>-<group>-<suffix>`): the config checks that the
+# whole fits a host name, the engine makes the names.
+SUFFIX_LENGTH = 8
 SUBDOMAIN_MAX = 253
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -240,7 +243,7 @@ def unknown_key_reason(key: str, allowed: Iterable[str]) -> str:
 
 
 # `$${` (escape) or `${name}`; a `${` without a `}` on the same line is unterminated. The engine
-# renders with the same grammar (engine/userdata.py); checking here reports every problem, with
+# renders with the same grammar (template/userdata.py); checking here reports every problem, with
 # its line, before any server boots with a half-filled template.
 _PLACEHOLDER = re.compile(r"\$\$\{|\$\{([^}\n]*)(\})?")
 _ALLOWED_PLACEHOLDERS = ", ".join(f"${{{name}}}" for name in sorted(PLACEHOLDERS))

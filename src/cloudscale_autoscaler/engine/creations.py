@@ -32,7 +32,7 @@ from dataclasses import replace
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import TAG_REQUEST, InterfaceRequest, Server, ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import names, refusals, spec
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.catalog import Catalog
@@ -48,8 +48,8 @@ from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.placement import Slot
 from cloudscale_autoscaler.engine.providerid import format_provider_id, placeholder_provider_id
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
-from cloudscale_autoscaler.engine.userdata import UserDataError
 from cloudscale_autoscaler.journal.store import JournalError
+from cloudscale_autoscaler.template.userdata import UserDataError
 
 log = logging.getLogger(__name__)
 

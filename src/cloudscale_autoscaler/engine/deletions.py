@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import TAG_DELETION
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.echo import clip
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,
@@ -41,6 +40,7 @@ from cloudscale_autoscaler.engine.group import (
 )
 from cloudscale_autoscaler.engine.inventory import Inventory
 from cloudscale_autoscaler.engine.observer import Observer
+from cloudscale_autoscaler.observability.echo import clip
 
 log = logging.getLogger(__name__)
 

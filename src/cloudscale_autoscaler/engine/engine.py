@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import options
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.catalog import Catalog
@@ -38,7 +38,7 @@ from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.pricing import Pricer
 from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, group_status
 from cloudscale_autoscaler.journal.store import JournalStore
-from cloudscale_autoscaler.metrics import GroupStats
+from cloudscale_autoscaler.observability.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 log = logging.getLogger(__name__)

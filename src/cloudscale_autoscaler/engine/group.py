@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST, Server
-from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.echo import clip
+from cloudscale_autoscaler.config.types import NodeGroupConfig
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.engine.placement import Placed, Placement
@@ -37,6 +36,7 @@ from cloudscale_autoscaler.engine.records import (
     Placeholder,
     Recent,
 )
+from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,7 @@ from cloudscale_autoscaler.cloud.errors import (
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, Server, ServerGroup
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.echo import clip
+from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, GroupNotFound
 from cloudscale_autoscaler.engine.group import GroupState
@@ -52,7 +51,8 @@ from cloudscale_autoscaler.engine.records import ERROR_CLASS_OTHER, Creation, Pl
 from cloudscale_autoscaler.journal.entries import Entry
 from cloudscale_autoscaler.journal.store import JournalError, JournalStore
 from cloudscale_autoscaler.journal.writer import Journal
-from cloudscale_autoscaler.metrics import GroupStats
+from cloudscale_autoscaler.observability.echo import clip
+from cloudscale_autoscaler.observability.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 log = logging.getLogger(__name__)

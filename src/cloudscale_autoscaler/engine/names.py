@@ -9,8 +9,8 @@ from __future__ import annotations
 import secrets
 import string
 
-MAX_LABEL = 63
-SUFFIX_LENGTH = 8
+from cloudscale_autoscaler.config.values import LABEL_NAME_MAX, SUFFIX_LENGTH
+
 _ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -20,7 +20,7 @@ def random_suffix(length: int = SUFFIX_LENGTH) -> str:
 
 def server_name(cluster: str, group: str, suffix: str) -> str:
     """`<cluster>-<group>-<suffix>`, the prefix shortened so the whole stays one DNS label."""
-    room = MAX_LABEL - len(suffix) - 1
+    room = LABEL_NAME_MAX - len(suffix) - 1
     prefix = f"{cluster}-{group}".lower()[:room].strip("-")
     return f"{prefix}-{suffix}" if prefix else suffix
 

@@ -31,11 +31,10 @@ from decimal import Decimal
 from fractions import Fraction
 
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config import Config, NodeGroupConfig
-from cloudscale_autoscaler.config.types import PricingConfig
-from cloudscale_autoscaler.echo import clip
+from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
+from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.protos.k8s.apimachinery import resource_pb2
 from cloudscale_autoscaler.template.allocatable import PODS, node_allocatable, node_capacity

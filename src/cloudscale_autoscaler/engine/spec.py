@@ -11,8 +11,8 @@ from cloudscale_autoscaler.cloud.models import (
     InterfaceRequest,
     ServerSpec,
 )
-from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.engine import userdata
+from cloudscale_autoscaler.config.types import NodeGroupConfig
+from cloudscale_autoscaler.template import userdata
 
 
 def identity_tags(cluster: str, group: str, request_id: str) -> dict[str, str]:

@@ -8,8 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloudscale_autoscaler.config import Config
-from cloudscale_autoscaler.config.types import with_entries
+from cloudscale_autoscaler.config.types import Config, with_entries
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import EngineError
 from cloudscale_autoscaler.kube.drift import (

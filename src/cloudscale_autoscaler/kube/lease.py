@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from cloudscale_autoscaler.config.types import LeaderElectionConfig
 from cloudscale_autoscaler.kube.api import KubeError, Obj
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.service.serving import Serving
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,8 @@ from typing import TypeVar
 
 from kubernetes import client as k8s
 
-from cloudscale_autoscaler.config import Config
 from cloudscale_autoscaler.config.kubernetes import outside_pod_error
-from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.config.types import Config, KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
@@ -33,8 +32,8 @@ from cloudscale_autoscaler.kube.lease import Elector, default_identity
 from cloudscale_autoscaler.kube.recorder import EventRecorder, own_pod
 from cloudscale_autoscaler.kube.route import LeaderRoute, pod_endpoint
 from cloudscale_autoscaler.kube.watch import DriftWatch
-from cloudscale_autoscaler.metrics import Metrics
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.observability.metrics import Metrics
+from cloudscale_autoscaler.service.serving import Serving
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from cloudscale_autoscaler.kube.events import (
     new_event,
 )
 from cloudscale_autoscaler.kube.lease import default_identity
-from cloudscale_autoscaler.metrics import NAMESPACE
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.observability.metrics import NAMESPACE
+from cloudscale_autoscaler.service.serving import Serving
 
 log = logging.getLogger(__name__)
 

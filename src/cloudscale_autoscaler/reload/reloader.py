@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudscale_autoscaler.cloud.errors import CloudError
-from cloudscale_autoscaler.config import Config, ConfigError, load_config
+from cloudscale_autoscaler.config.loader import load_config
+from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.reload.fixed import fixed_changes
 
 log = logging.getLogger(__name__)

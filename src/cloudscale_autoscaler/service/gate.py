@@ -13,7 +13,7 @@ from typing import Any
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service.codes import StatusCode
 from cloudscale_autoscaler.service.provider import CloudProviderService, Context
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.service.serving import Serving
 
 RPC = Callable[[Any, Any, Context], Awaitable[Any]]
 

@@ -15,7 +15,7 @@ from typing import NoReturn, Protocol, TypeVar
 from google.protobuf import any_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-from cloudscale_autoscaler.config import Config
+from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,

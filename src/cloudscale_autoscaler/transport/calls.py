@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Protocol
 
 from google.protobuf.message import Message
 
-from cloudscale_autoscaler.logs import request_id_var
+from cloudscale_autoscaler.observability.logs import request_id_var
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service.codes import StatusCode
 

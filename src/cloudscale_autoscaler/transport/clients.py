@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from cloudscale_autoscaler.echo import clip
+from cloudscale_autoscaler.observability.echo import clip
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from cloudscale_autoscaler.metrics import Metrics
+from cloudscale_autoscaler.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config import NodeGroupConfig
-from cloudscale_autoscaler.config.types import NetworkInterface, with_entries
+from cloudscale_autoscaler.config.types import NetworkInterface, NodeGroupConfig, with_entries
 from cloudscale_autoscaler.config.values import uuid_error
 from cloudscale_autoscaler.engine.networks import by_name, needs_lookup
 

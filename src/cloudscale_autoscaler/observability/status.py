@@ -17,10 +17,10 @@ from typing import Any
 
 from cloudscale_autoscaler import __version__
 from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome
-from cloudscale_autoscaler.metrics import RpcReading
+from cloudscale_autoscaler.observability.metrics import RpcReading
 from cloudscale_autoscaler.reload.reloader import ReloadStatus
 from cloudscale_autoscaler.service.seen import CallsSeen
-from cloudscale_autoscaler.serving import Serving
+from cloudscale_autoscaler.service.serving import Serving
 
 
 @dataclass(frozen=True)

@@ -133,12 +133,14 @@ async def test_a_restart_at_once_counts_the_creates_in_flight(
     config = config_for(tmp_path, pki, emulator)
     await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
     first = await start_serve(config, log_level="info")
-    ca = Ca(first, pki)
-    assert await ca.target() == 0
-    await ca.increase(3)
-    await wait_until(lambda: _in_flight(emulator, 3), 10, "the creates never reached the API")
-    await ca.close()
-    await first.kill()
+    try:
+        ca = Ca(first, pki)
+        assert await ca.target() == 0
+        await ca.increase(3)
+        await wait_until(lambda: _in_flight(emulator, 3), 10, "the creates never reached the API")
+        await ca.close()
+    finally:
+        await first.kill()
     second = await start_serve(config, log_level="info")  # at once: the API is still creating
     try:
         ca = Ca(second, pki)
@@ -171,12 +173,16 @@ async def test_creates_never_sent_become_failed_placeholders_after_the_bound(
     config = config_for(tmp_path, pki, emulator, cloudscale_extra={"maxConcurrentCreates": 1})
     await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1000}}})
     first = await start_serve(config, log_level="info")
-    ca = Ca(first, pki)
-    await ca.target()
-    await ca.increase(3)
-    await wait_until(lambda: _in_flight(emulator, 1), 10, "the first create never reached the API")
-    await ca.close()
-    await first.kill()
+    try:
+        ca = Ca(first, pki)
+        await ca.target()
+        await ca.increase(3)
+        await wait_until(
+            lambda: _in_flight(emulator, 1), 10, "the first create never reached the API"
+        )
+        await ca.close()
+    finally:
+        await first.kill()
     second = await start_serve(config, log_level="info")
     try:
         ca = Ca(second, pki)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -22,6 +23,15 @@ from fixtures.tools import cli, free_port
 _GRPC_PORT = re.compile(r"gRPC server listening.* port=(\d+)")
 _METRICS_PORT = re.compile(r"metrics and health endpoint on http://[^:]+:(\d+)")
 START_LIMIT_SECONDS = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process ends, so a test that fails
+    before its own kill leaves no `serve` behind to hold ports and the emulator."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 def write_config(
@@ -144,7 +154,11 @@ async def start_serve(
     environment.update(env or {})
     argv = cli("--log-level", log_level, "serve", "--config", str(config))
     process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environment
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environment,
+        preexec_fn=_die_with_parent,
     )
     assert process.stdout is not None and process.stderr is not None
     stderr: list[str] = []

@@ -596,9 +596,11 @@ class Red:
 
 
 RED = {
-    # The loader wants renewDeadline > 1.2 x retryPeriod; values.schema.json cannot say so.
+    # The loader knows the five placeholders of userData; neither the schema nor the
+    # templates check them (docs/deployment.md, "What the chart cannot check").
     "serve refuses its config": Red(
-        "refused", {"kubernetes": {"leaderElection": {"retryPeriod": "9s"}}}
+        "refused",
+        {"config": {"nodeGroups": [group(userData=KUBELET_USER_DATA + "# ${bogus}\n")]}},
     ),
     # Ready means the cloud API answered: nothing listens at this URL.
     "the cloud never answers": Red("unanswered", {"config": {"cloudscale": {"url": None}}}),
@@ -716,7 +718,7 @@ def test_an_install_whose_config_serve_refuses_fails(red_outcomes: dict[str, Red
     for pod in outcome.pods:
         [status] = pod.status.container_statuses
         assert status.restart_count > 0 and not status.ready, status
-    refusal = "must be greater than 1.2 x retryPeriod"
+    refusal = "unknown placeholder ${bogus}"
     assert any(refusal in log for log in outcome.logs.values()), outcome.logs
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bench import resultsmd
-from bench.plan import FULL, PATTERNS, SMOKE, RealCaPlan
+from bench.plan import FULL, PATTERNS, SMOKE, NodeMemoryPlan, RealCaPlan
 from bench.plots import draw
 from bench.report import markdown
 from bench.run import run
@@ -36,10 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "--workload",
-        choices=("default", "real-ca"),
+        choices=("default", "real-ca", "node-memory"),
         default="default",
         help="default: the Go client's workloads (a-f); real-ca: the real Cluster Autoscaler "
-        "binaries against N idle nodes (minutes per generation and size)",
+        "binaries against N idle nodes (minutes per generation and size); node-memory: the "
+        "chart's Pods on a real kubelet, their memory at idle and under CA's loop (minutes)",
     )
     parser.add_argument(
         "--out",
@@ -74,10 +75,17 @@ def _parser() -> argparse.ArgumentParser:
         help="CA versions as tests/fixtures/autoscaler.py pins them, comma-separated "
         "(default: all)",
     )
-    real_ca.add_argument(
-        "--loops", type=int, help="steady loops measured after the first one (default: 5)"
+    both = parser.add_argument_group("--workload real-ca and node-memory")
+    both.add_argument(
+        "--loops",
+        type=int,
+        help="loops measured after the first one (default: 5 real-ca, 6 node-memory)",
     )
-    real_ca.add_argument("--scan-interval", type=int, help="CA's --scan-interval, s (default: 10)")
+    both.add_argument("--scan-interval", type=int, help="CA's --scan-interval, s (default: 10)")
+    memory = parser.add_argument_group("--workload node-memory")
+    memory.add_argument(
+        "--nodes", type=_sizes, help="Ready Nodes of the group under CA's loop (default: 1000)"
+    )
     return parser
 
 
@@ -88,19 +96,37 @@ def main(argv: list[str] | None = None) -> int:
     # httpx logs every request at INFO (the fixtures poll kube-apiserver's /readyz with it).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     out: Path = args.out.resolve()
+    _refuse_foreign_options(parser, args)
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    for flag, value in (("--loops", args.loops), ("--scan-interval", args.scan_interval)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     if args.workload == "real-ca":
-        for flag, given in (("--smoke", args.smoke), ("--pattern", args.pattern),
-                            ("--no-plot", args.no_plot)):  # fmt: skip
-            if given:
-                parser.error(f"{flag} applies to the default workload, not to real-ca")
-        command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
         return _real_ca(parser, args, out, command)
-    real_ca_only = {"--sizes": args.sizes, "--generations": args.generations,
-                    "--loops": args.loops, "--scan-interval": args.scan_interval}  # fmt: skip
-    for flag, value in real_ca_only.items():
-        if value is not None:
-            parser.error(f"{flag} applies to --workload real-ca only")
+    if args.workload == "node-memory":
+        return _node_memory(parser, args, out, command)
     return _default(args, out)
+
+
+# Each option and the workloads it applies to.
+OPTION_WORKLOADS = {
+    "--smoke": ("smoke", ("default",)),
+    "--pattern": ("pattern", ("default",)),
+    "--no-plot": ("no_plot", ("default",)),
+    "--sizes": ("sizes", ("real-ca",)),
+    "--generations": ("generations", ("real-ca",)),
+    "--loops": ("loops", ("real-ca", "node-memory")),
+    "--scan-interval": ("scan_interval", ("real-ca", "node-memory")),
+    "--nodes": ("nodes", ("node-memory",)),
+}
+
+
+def _refuse_foreign_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, (attribute, workloads) in OPTION_WORKLOADS.items():
+        given = getattr(args, attribute)
+        if given not in (None, False) and args.workload not in workloads:
+            where = " and ".join(workloads)
+            parser.error(f"{flag} applies to --workload {where} only, not to {args.workload}")
 
 
 def _default(args: argparse.Namespace, out: Path) -> int:
@@ -136,9 +162,6 @@ def _real_ca(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Pat
     generations = tuple(args.generations.split(",")) if args.generations else tuple(known)
     if unknown := [g for g in generations if g not in known]:
         parser.error(f"--generations: unknown {', '.join(unknown)}; known: {', '.join(known)}")
-    for flag, value in (("--loops", args.loops), ("--scan-interval", args.scan_interval)):
-        if value is not None and value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
     plan = RealCaPlan(sizes=args.sizes or REAL_CA_SIZES, generations=generations)
     if args.loops is not None:
         plan = dataclasses.replace(plan, steady_loops=args.loops)
@@ -156,7 +179,40 @@ def _real_ca(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Pat
     section = report.markdown(result)
     (out / "real-ca.md").write_text(section)
     if not args.no_results_md:
-        resultsmd.write_real_ca(RESULTS_MD, section)
+        resultsmd.write_section(RESULTS_MD, section)
+    print(section)
+    return 0
+
+
+def _node_memory(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path,
+                 command: str) -> int:  # fmt: skip
+    # Imported here: it reaches into tests/fixtures, which the default workload does not need.
+    from bench.nodememory import report, testbed
+    from bench.nodememory.run import run_node_memory
+
+    plan = NodeMemoryPlan()
+    if args.nodes is not None:
+        if len(args.nodes) != 1:
+            parser.error("--nodes takes one number")
+        plan = dataclasses.replace(plan, nodes=args.nodes[0])
+    if args.loops is not None:
+        plan = dataclasses.replace(plan, loops=args.loops)
+    if args.scan_interval is not None:
+        plan = dataclasses.replace(plan, scan_interval_s=args.scan_interval)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_node_memory(plan, out, command)
+    except testbed.Unavailable as exc:
+        print(f"python -m bench --workload node-memory: {exc.msg}", file=sys.stderr)
+        return 1
+    except (testbed.ToolUnavailable, testbed.StartFailed, RuntimeError) as exc:
+        print(f"python -m bench --workload node-memory: {exc}", file=sys.stderr)
+        return 1
+    (out / "node-memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    section = report.markdown(result)
+    (out / "node-memory.md").write_text(section)
+    if not args.no_results_md:
+        resultsmd.write_section(RESULTS_MD, section)
     print(section)
     return 0
 

@@ -140,3 +140,17 @@ class RealCaPlan:
     # How long CA may take from its start to the end of its first loop, and from one loop's
     # end to the next one's.
     loop_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class NodeMemoryPlan:
+    """The chart on a real node: its containers' memory at idle and under the real CA's loop
+    at `nodes` Nodes (bench/README.md, "Memory on a real node")."""
+
+    nodes: int = 1000
+    ca_version: str = "1.36.1"  # CA's generation, as tests/fixtures/autoscaler.py pins them
+    idle_seconds: float = 60.0  # sampled after both replicas are Ready
+    loops: int = 6  # CA loops sampled after its first one
+    scan_interval_s: int = 10  # CA's --scan-interval (its default)
+    sample_period_s: float = 2.0
+    loop_timeout_s: float = 300.0  # CA's start -> its first loop's end, and loop to loop

@@ -109,23 +109,39 @@ def test_the_command_line_refuses_what_it_cannot_run(tmp_path: Path) -> None:
         ("--generations", "9.99"): "unknown 9.99",
         ("--sizes", "1000,zero"): "'zero' is not a positive whole number",
         ("--loops", "0"): "--loops must be at least 1, got 0",
-        ("--smoke",): "--smoke applies to the default workload",
+        ("--smoke",): "--smoke applies to --workload default only, not to real-ca",
+        ("--nodes", "1000"): "--nodes applies to --workload node-memory only, not to real-ca",
     }
     for args, message in cases.items():
         done = bench("--workload", "real-ca", *args, "--out", str(tmp_path))
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
-    done = bench("--sizes", "1000", "--out", str(tmp_path))
-    assert done.returncode == 2 and "--sizes applies to --workload real-ca only" in done.stderr
+    elsewhere = {
+        ("--sizes", "1000"): "--sizes applies to --workload real-ca only, not to default",
+        ("--workload", "node-memory", "--nodes", "1,2"): "--nodes takes one number",
+        ("--workload", "node-memory", "--generations", "1.36.1"): "--generations applies to "
+        "--workload real-ca only, not to node-memory",
+        ("--workload", "node-memory", "--scan-interval", "0"): "--scan-interval must be at "
+        "least 1, got 0",
+    }
+    for args, message in elsewhere.items():
+        done = bench(*args, "--out", str(tmp_path))
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
 
 
 def test_results_md_keeps_the_other_runs_part(tmp_path: Path) -> None:
     path = tmp_path / "RESULTS.md"
-    heading = resultsmd.REAL_CA_HEADING
+    real_ca, memory = resultsmd.REAL_CA_HEADING, resultsmd.NODE_MEMORY_HEADING
     resultsmd.write_main(path, "# Benchmark results\n\nfull run 1\n")
-    resultsmd.write_real_ca(path, f"{heading}\n\nreal CA 1\n")
-    assert path.read_text() == f"# Benchmark results\n\nfull run 1\n\n{heading}\n\nreal CA 1\n"
+    resultsmd.write_section(path, f"{memory}\n\nmemory 1\n")
+    assert path.read_text() == f"# Benchmark results\n\nfull run 1\n\n{memory}\n\nmemory 1\n"
+    resultsmd.write_section(path, f"{real_ca}\n\nreal CA 1\n")
+    both = f"{real_ca}\n\nreal CA 1\n\n{memory}\n\nmemory 1\n"
+    assert path.read_text() == f"# Benchmark results\n\nfull run 1\n\n{both}"
     resultsmd.write_main(path, "# Benchmark results\n\nfull run 2\n")
-    assert path.read_text() == f"# Benchmark results\n\nfull run 2\n\n{heading}\n\nreal CA 1\n"
-    resultsmd.write_real_ca(path, f"{heading}\n\nreal CA 2\n")
-    assert path.read_text() == f"# Benchmark results\n\nfull run 2\n\n{heading}\n\nreal CA 2\n"
+    assert path.read_text() == f"# Benchmark results\n\nfull run 2\n\n{both}"
+    resultsmd.write_section(path, f"{real_ca}\n\nreal CA 2\n")
+    both = f"{real_ca}\n\nreal CA 2\n\n{memory}\n\nmemory 1\n"
+    assert path.read_text() == f"# Benchmark results\n\nfull run 2\n\n{both}"
+    with pytest.raises(ValueError, match="not '## Something else'"):
+        resultsmd.write_section(path, "## Something else\n")

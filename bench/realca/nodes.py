@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client as k8s
@@ -40,7 +41,21 @@ def node_names(population: Population) -> dict[str, str]:
     return names
 
 
-def node_manifest(name: str, provider_id: str, now: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Extras:
+    """What a run adds to its Nodes: annotations (kwok's, for a cluster whose node lifecycle
+    controller wants heartbeats) and taints (keeping other Pods off Nodes that run nothing)."""
+
+    annotations: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
+
+
+NO_EXTRAS = Extras()
+
+
+def node_manifest(
+    name: str, provider_id: str, now: str, extras: Extras = NO_EXTRAS
+) -> dict[str, Any]:
     flavor = flavor_from_slug(FLAVOR)
     if flavor is None:
         raise ValueError(f"bench flavor {FLAVOR!r} is not a flavor slug")
@@ -53,6 +68,7 @@ def node_manifest(name: str, provider_id: str, now: str) -> dict[str, Any]:
         "kind": "Node",
         "metadata": {
             "name": name,
+            "annotations": extras.annotations,
             "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
@@ -89,24 +105,24 @@ def _drain(response: Any) -> None:
     response.release_conn()
 
 
-def _register(core: k8s.CoreV1Api, name: str, provider_id: str, now: str) -> None:
+def _register(core: k8s.CoreV1Api, name: str, provider_id: str, now: str, extras: Extras) -> None:
     # _preload_content=False: the answer is not needed, and decoding it into models costs more
     # than the request.
-    manifest: Any = node_manifest(name, provider_id, now)  # the client sends a dict as it is
+    manifest: Any = node_manifest(name, provider_id, now, extras)  # sent as it is
     _drain(core.create_node(manifest, _preload_content=False))
     # The TaintNodesByCondition admission plugin gives every new Node the not-ready taint;
-    # the node lifecycle controller would lift it, and none runs. CA counts a Node with that
-    # taint as not ready.
-    lift = [{"op": "add", "path": "/spec/taints", "value": []}]
+    # the node lifecycle controller would lift it, and none may run. CA counts a Node with
+    # that taint as not ready.
+    lift = [{"op": "add", "path": "/spec/taints", "value": extras.taints}]
     _drain(core.patch_node(name, lift, _preload_content=False))
 
 
-def register(core: k8s.CoreV1Api, nodes: dict[str, str]) -> None:
-    """Creates the Nodes (name -> provider ID), Ready and untainted."""
+def register(core: k8s.CoreV1Api, nodes: dict[str, str], extras: Extras = NO_EXTRAS) -> None:
+    """Creates the Nodes (name -> provider ID), Ready, with only the taints of `extras`."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with ThreadPoolExecutor(WORKERS) as pool:
         # list(): the first failure is raised here, with its API error.
-        list(pool.map(lambda item: _register(core, item[0], item[1], now), nodes.items()))
+        list(pool.map(lambda i: _register(core, i[0], i[1], now, extras), nodes.items()))
 
 
 def remove_all(core: k8s.CoreV1Api) -> None:
@@ -119,14 +135,16 @@ def remove_all(core: k8s.CoreV1Api) -> None:
         time.sleep(0.5)
 
 
-def _ready(node: k8s.V1Node) -> bool:
-    """Ready and untainted, as CA wants a Node to count it ready."""
+def _ready(node: k8s.V1Node, taints: list[dict[str, str]]) -> bool:
+    """Ready and with only `taints`, as CA wants a Node to count it ready."""
     conditions = (node.status.conditions if node.status else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-    return ready and not (node.spec and node.spec.taints)
+    keys = {(t.key, t.effect) for t in (node.spec.taints if node.spec else None) or []}
+    return ready and keys == {(t["key"], t["effect"]) for t in taints}
 
 
-def not_ready(core: k8s.CoreV1Api, names: Iterable[str]) -> list[str]:
-    """The Nodes among `names` that are missing, not Ready or tainted."""
+def not_ready(core: k8s.CoreV1Api, names: Iterable[str], extras: Extras = NO_EXTRAS) -> list[str]:
+    """The Nodes among `names` that are missing, not Ready or tainted otherwise than
+    `extras` says."""
     listed = {n.metadata.name: n for n in core.list_node().items if n.metadata}
-    return [name for name in names if name not in listed or not _ready(listed[name])]
+    return [n for n in names if n not in listed or not _ready(listed[n], extras.taints)]

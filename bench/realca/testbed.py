@@ -4,16 +4,11 @@ kube-apiserver with etcd (kube.py) and the Cluster Autoscaler binary of each gen
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-# The fixtures are a top-level package of tests/ (pytest's pythonpath); the bench runs them
-# from the repository root, so tests/ goes on the path once, here.
-_TESTS = str(Path(__file__).resolve().parents[2] / "tests")
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+from bench import fixtures_path
+
+fixtures_path.add()
 
 from fixtures.autoscaler import GENERATIONS, ensure_autoscaler  # noqa: E402
 from fixtures.kube import Kube, ensure_apiserver, ensure_etcd, running_kube  # noqa: E402

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import re
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +23,15 @@ from fixtures.tools import cli, free_port
 _GRPC_PORT = re.compile(r"gRPC server listening.* port=(\d+)")
 _METRICS_PORT = re.compile(r"metrics and health endpoint on http://[^:]+:(\d+)")
 START_LIMIT_SECONDS = 60.0
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the test process ends, so a test that fails
-    before its own kill leaves no `serve` behind to hold ports and the emulator."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+def _dying_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run by setpriv, which asks for SIGKILL when the test process ends and then execs
+    it (same PID): a test that fails before its own kill leaves no `serve` behind to hold
+    ports and the emulator. Not a preexec_fn: Python code run between fork and exec in a
+    process with gRPC's threads made the child die before exec now and then."""
+    setpriv = shutil.which("setpriv")  # util-linux
+    return argv if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--", *argv]
 
 
 def write_config(
@@ -152,13 +152,12 @@ async def start_serve(
     entry point) and wait until it listens (gRPC, and the metrics endpoint if `metrics`)."""
     environment = {k: v for k, v in os.environ.items() if k != "CLOUDSCALE_API_TOKEN"}
     environment.update(env or {})
-    argv = cli("--log-level", log_level, "serve", "--config", str(config))
+    argv = _dying_with_parent(cli("--log-level", log_level, "serve", "--config", str(config)))
     process = await asyncio.create_subprocess_exec(
         *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=environment,
-        preexec_fn=_die_with_parent,
     )
     assert process.stdout is not None and process.stderr is not None
     stderr: list[str] = []

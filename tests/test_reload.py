@@ -8,6 +8,7 @@ TemplateNodeInfo, IncreaseSize and DeleteNodes over mTLS gRPC; /status and /metr
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -141,6 +142,39 @@ async def test_a_new_group_and_a_larger_max_size_apply_without_a_restart(
     assert report["ok"] is True and report["loaded_unix"] > loaded and report["errors"] == []
     assert await metric(serve, "cloudscale_autoscaler_config_reload_success") == 1.0
     assert serve.process.pid == pid and serve.process.returncode is None
+
+
+async def test_a_change_while_starting_is_applied(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    """The file changes after `serve` loaded it and before it serves (start-up waits for the
+    first listing, here held 3 s by the API): the change is applied once it serves, never
+    taken for the configuration it runs."""
+    written = write_config(tmp_path / "seed", pki, emulator.url, TOKEN, cluster=CLUSTER,
+                           groups=[workers()])  # fmt: skip
+    document = yaml.safe_load(written.read_text())
+    mount = Mounted(tmp_path / "mount", document)
+    await emulator.admin.set_faults({"latency": {"list_servers": {"fixed_ms": 3000}}})
+    starting = asyncio.create_task(start_serve(mount.path, log_level="info"))
+    serve = None
+    try:
+
+        async def listing() -> bool:
+            return (await emulator.admin.in_flight()).get("list_servers", 0) > 0
+
+        await wait_until(listing, RELOADED, "serve's first listing")
+        document["nodeGroups"] = [workers(maxSize=4)]
+        mount.write(document)
+        serve = await starting
+        await emulator.admin.clear_faults()
+
+        async def served() -> bool:
+            return await groups_served(serve, pki) == {"workers": (0, 4)}
+
+        await until(served, "the change made while starting was never served")
+    finally:
+        serve = serve or await starting
+        await serve.kill()
 
 
 async def test_a_changed_template_is_served_at_once(

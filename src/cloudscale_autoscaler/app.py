@@ -13,7 +13,6 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
@@ -26,7 +25,7 @@ from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.journal.file import FileStore
 from cloudscale_autoscaler.observability.metrics import Metrics
 from cloudscale_autoscaler.observability.status import Status, collect, leader_status
-from cloudscale_autoscaler.reload.reloader import Reloader
+from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
@@ -234,9 +233,9 @@ class Running:
 
 
 async def start_provider(
-    config: Config, *, listen: str | None = None, path: Path | None = None
+    config: Config, *, listen: str | None = None, source: ConfigFile | None = None
 ) -> Running:
-    """Build the provider and start serving it; with `path` (the file `config` came from),
+    """Build the provider and start serving it; with `source` (the file `config` came from),
     reload that file when it changes (reload/). Raises TLSFileError, ListenError,
     ValueError."""
     provider = await build_provider(config)
@@ -261,8 +260,8 @@ async def start_provider(
         _follow_serving(provider.serving, server)
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
     running = Running(provider, server, None)
-    if path is not None:
-        _reload_from(path, running, hot)
+    if source is not None:
+        _reload_from(source, running, hot)
     if config.metrics.listen is not None:
         # Imported only here: without the endpoint nothing loads aiohttp.
         from cloudscale_autoscaler.observability.endpoint import HealthServer
@@ -282,8 +281,8 @@ async def start_provider(
     return running
 
 
-def _reload_from(path: Path, running: Running, hot: HotAnswers) -> None:
-    """Reload `path` while serving: checked like `check-config --online`, applied to the
+def _reload_from(source: ConfigFile, running: Running, hot: HotAnswers) -> None:
+    """Reload `source` while serving: checked like `check-config --online`, applied to the
     service and engine, the transport's answers and the drift check (reload/)."""
     provider = running.provider
     cloud = provider.service.engine.cloud
@@ -298,7 +297,7 @@ def _reload_from(path: Path, running: Running, hot: HotAnswers) -> None:
             provider.link.reconfigure(config)
         return removed
 
-    reloader = Reloader(path, provider.service.engine.config, online_check, apply)
+    reloader = Reloader(source, provider.service.engine.config, online_check, apply)
     metrics = provider.metrics
     metrics.config_reload_success.set_function(lambda: float(reloader.status.ok is not False))
     metrics.config_loaded.set_function(lambda: reloader.status.loaded_unix)
@@ -347,18 +346,18 @@ def _on_signals(stop: asyncio.Event, reload: Callable[[], None]) -> None:
 async def run(
     config: Config,
     *,
-    path: Path | None = None,
+    source: ConfigFile | None = None,
     stop: asyncio.Event | None = None,
     grace: float = DEFAULT_GRACE_SECONDS,
 ) -> int:
     """Serve until `stop` is set (by default: until SIGTERM or SIGINT; then SIGHUP reloads
-    `path`, the file `config` came from); returns an exit code."""
+    `source`, the file `config` came from); returns an exit code."""
     started: list[Running] = []
     if stop is None:
         stop = asyncio.Event()
         _on_signals(stop, lambda: _reload_now(started))
     try:
-        running = await _start_unless_stopped(config, stop, path)
+        running = await _start_unless_stopped(config, stop, source)
     except (TLSFileError, ListenError, ValueError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_STARTUP_FAILED
@@ -380,11 +379,11 @@ def _reload_now(started: list[Running]) -> None:
 
 
 async def _start_unless_stopped(
-    config: Config, stop: asyncio.Event, path: Path | None
+    config: Config, stop: asyncio.Event, source: ConfigFile | None
 ) -> Running | None:
     """The started provider, or None when `stop` came first: start-up can wait long (an exec
     credential plugin, a slow DNS), and a signal then must not wait for it."""
-    starting = asyncio.create_task(start_provider(config, path=path))
+    starting = asyncio.create_task(start_provider(config, source=source))
     stopped = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)

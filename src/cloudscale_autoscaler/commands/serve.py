@@ -15,6 +15,7 @@ from cloudscale_autoscaler.app import run
 from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.config.types import ConfigError
 from cloudscale_autoscaler.observability.logs import to_stderr
+from cloudscale_autoscaler.reload.reloader import ConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +23,10 @@ EXIT_BAD_CONFIG = 2
 
 
 def serve_command(config_path: Path) -> int:
+    source = ConfigFile.before_loading(config_path)
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         to_stderr(log, logging.ERROR, f"{exc.source}: invalid config", exc.errors)
         return EXIT_BAD_CONFIG
-    return asyncio.run(run(config, path=config_path))
+    return asyncio.run(run(config, source=source))

@@ -41,6 +41,20 @@ Apply = Callable[[Config], Awaitable[dict[str, int]]]
 
 
 @dataclass(frozen=True)
+class ConfigFile:
+    """The file `serve` loads its config from, with its content's digest read before loading:
+    a change made while the provider starts (which waits for the first listing) then differs
+    from it and is applied once serving, instead of being taken for the running config."""
+
+    path: Path
+    digest: bytes | None
+
+    @classmethod
+    def before_loading(cls, path: Path) -> ConfigFile:
+        return cls(path, file_digest(path))
+
+
+@dataclass(frozen=True)
 class ReloadStatus:
     """What `serve` runs with, and how the last reload went (for /status and the metrics)."""
 
@@ -54,21 +68,21 @@ class ReloadStatus:
 class Reloader:
     def __init__(
         self,
-        path: Path,
+        file: ConfigFile,
         running: Config,
         online_check: OnlineCheck,
         apply: Apply,
         check_seconds: float = CHECK_SECONDS,
     ) -> None:
-        self._path = path
+        self._path = file.path
         self._running = running
         self._online_check = online_check
         self._apply = apply
         self._check_seconds = check_seconds
-        self._digest = _digest(path)
+        self._digest = file.digest
         self._forced = asyncio.Event()
         self._again = False  # the last attempt could not be finished: try the same file again
-        self.status = ReloadStatus(str(path), time.time())
+        self.status = ReloadStatus(str(file.path), time.time())
         self.on_refused: list[Callable[[list[str]], None]] = []
         self.on_removed: list[Callable[[dict[str, int]], None]] = []
 
@@ -87,7 +101,7 @@ class Reloader:
 
     async def check(self, forced: bool = False) -> None:
         """Reload the file if its content changed (or `forced`, or the last try was cut short)."""
-        digest = await asyncio.to_thread(_digest, self._path)
+        digest = await asyncio.to_thread(file_digest, self._path)
         if digest is None:
             return  # between a ConfigMap swap's steps, or removed: the running config stays
         if digest == self._digest and not forced and not self._again:
@@ -147,7 +161,7 @@ class Reloader:
             listener(removed)
 
 
-def _digest(path: Path) -> bytes | None:
+def file_digest(path: Path) -> bytes | None:
     try:
         return hashlib.sha256(path.read_bytes()).digest()
     except OSError:

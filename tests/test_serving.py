@@ -44,13 +44,20 @@ def test_states_and_messages() -> None:
         f"this replica lost leadership (Lease {LEASE} not renewed in time) and no longer "
         "serves; retry against the current leader"
     )
+    serving.serve_until(clock() + 1)  # a late renewal: open again, listeners never saw it shut
+    assert serving.active and seen == [True]
+    clock.advance(1.1)
+    # The Lease is lost after the deadline closed the gate: the listeners (the EndpointSlice,
+    # gRPC health, the LeadershipLost Event) hear of it now, once.
     serving.stand_by("replica-b")
-    assert seen == [True], "it was closed already"
+    assert seen == [True, False]
     standby = f"this replica is a standby (Lease {LEASE}): the leader is replica-b"
     assert serving.refusal() == standby
+    serving.stand_by("replica-b")
+    assert seen == [True, False]
     serving.serve_until(clock() + 1)
     serving.stand_by(None)
-    assert seen == [True, True, False]
+    assert seen == [True, False, True, False]
 
 
 async def test_every_rpc_is_refused_while_standby(stack: StackFactory) -> None:

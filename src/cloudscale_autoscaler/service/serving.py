@@ -27,6 +27,9 @@ class Serving:
         self._clock = clock
         self._until = math.inf if not lease else -math.inf
         self.leader: str | None = None  # the holder last seen, when that is not us
+        # What the listeners last heard: the gate also shuts by itself at the renew deadline,
+        # unheard, so they hear of that at the stand-by that follows.
+        self._heard_open = not lease
         self._listeners: list[Listener] = []
         self._deadline_listeners: list[DeadlineListener] = []
 
@@ -55,26 +58,25 @@ class Serving:
 
     def serve_until(self, deadline: float) -> None:
         """Open (or keep open) the gate until `deadline` on the serving clock."""
-        was = self.active
         self._until = deadline
         self.leader = None
         self._new_deadline()
-        if not was and self.active:
+        if self.active and not self._heard_open:
             log.info("serving the CloudProvider RPCs as leader (Lease %s)", self.lease)
             self._notify(True)
 
     def stand_by(self, leader: str | None) -> None:
         """Close the gate at once; `leader` is the holder, if known."""
-        was = self.active
         self._until = -math.inf
         self.leader = leader
         self._new_deadline()
-        if was:
+        if self._heard_open:
             log.warning("stopped serving: standby now, leader %s", leader or "unknown")
             self._notify(False)
 
     def subscribe(self, listener: Listener) -> None:
-        """Called with True when the gate opens and False when it closes by stand_by."""
+        """Called with True when the gate opens and False at the stand-by after it was open
+        (also when the renew deadline had shut it already): True and False alternate."""
         self._listeners.append(listener)
 
     def follow_deadline(self, listener: DeadlineListener) -> None:
@@ -87,5 +89,6 @@ class Serving:
             listener(self._until)
 
     def _notify(self, serving: bool) -> None:
+        self._heard_open = serving
         for listener in self._listeners:
             listener(serving)

@@ -137,3 +137,20 @@ async def test_a_group_filled_or_deleted_behind_our_back_fails_the_create_as_oth
 
 async def _codes(s: Stack, wanted: set[str]) -> bool:
     return {info.errorCode for info in await failed(s)} == wanted
+
+
+async def test_a_listing_never_deletes_a_group_a_listed_server_joined(stack: StackFactory) -> None:
+    """A Refresh whose server listing answers after a create joined a new server group: the
+    server groups are listed after the servers, so that group is seen with its member and
+    kept (listed beside them, the groups' older answer showed it empty and it was deleted)."""
+    s = await stack([ANTI_AFFINE])
+    await s.refresh()
+    await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1000},
+                                          "list_servers": {"fixed_ms": 2000}}})  # fmt: skip
+    await increase(s, 1)  # the server group is made at once, its server joins in 1 s
+    await asyncio.sleep(0.3)
+    await s.refresh()  # the servers are listed at 2 s, with the new one as a member
+    await s.admin.clear_faults()
+    await s.settle("workers")
+    assert (await s.admin.stats()).get("delete_server_group", {}) == {}
+    assert await members(s) == [1]

@@ -136,9 +136,11 @@ class Inventory:
 
     async def _list(self, why: str, start: int) -> None:
         try:
-            servers, server_groups = await asyncio.gather(
-                self._cloud.list_servers(self._config.cluster), self._list_server_groups()
-            )
+            # Server groups after servers, never beside: a listing of groups older than the
+            # servers' could show a group empty that a server just listed has joined, and
+            # tidy() would delete it.
+            servers = await self._cloud.list_servers(self._config.cluster)
+            server_groups = await self._list_server_groups()
         except CloudError as error:
             problem = api_problem(error)
             if problem == API_UNREACHABLE:

@@ -95,3 +95,16 @@ async def test_a_group_being_created_is_filled_before_another_is_made() -> None:
     second = placement.assign(4, placed, "p")
     assert where(first + second) == ["new0"] * 4 + ["new1"]
     assert placement.count == 2
+
+
+async def test_a_server_group_of_another_zone_is_never_assigned() -> None:
+    """The group's zone changed (a restart with another `zone`): the server groups it made in
+    the old zone are still listed as its own, but a create names only one of its zone (the
+    API refuses a server group of another zone); the old ones stay known, to be tidied."""
+    placement = Placement("rma1")
+    placement.apply_listing([*listed(a=1), ServerGroup("b", "b", "rma1", ())])
+    assert where(placement.assign(2, {}, "prod-workers")) == ["b", "b"]
+    placement = Placement("rma1")
+    placement.apply_listing(listed(a=1))
+    assert where(placement.assign(1, {}, "prod-workers")) == ["new0"]
+    assert set(placement.known) == {"a"}

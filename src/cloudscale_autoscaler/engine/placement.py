@@ -127,7 +127,8 @@ class Placement:
         rooms: dict[str | PendingGroup, int] = {
             uuid: MAX_MEMBERS - len(group.servers) - placed.get(uuid, 0)
             for uuid, group in self.known.items()
-            if uuid not in self.full and uuid not in self.deleting
+            # One of another zone (the group's zone changed) would be refused by the API.
+            if uuid not in self.full and uuid not in self.deleting and group.zone == self.zone
         }
         rooms.update({p: MAX_MEMBERS - placed.get(p, 0) for p in self.pending})
         slots: list[Slot] = []

@@ -142,6 +142,8 @@ ROWS: list[Row] = [
     ("zone twice", group(zone=None, zones=["lpg1", "lpg1"]), "/config/nodeGroups/0/zones", None),
     ("anti-affinity and server groups", group(antiAffinity=True, serverGroups=[UUID]),
      "/config/nodeGroups/0", None),
+    ("anti-affinity without a zone", group(zone=None, antiAffinity=True),
+     "/config/nodeGroups/0", None),
     ("server group uuid", group(serverGroups=["not-a-uuid"]), "/serverGroups/0", None),
     ("interfaces and flags", group(interfaces=["public"], usePublicNetwork=True),
      "/config/nodeGroups/0", None),

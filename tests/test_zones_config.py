@@ -48,18 +48,22 @@ def test_zones_fan_a_group_out_into_one_group_per_zone(tmp_path: Path) -> None:
                                "DNS-1123 label (lowercase letters, digits and '-', starting "
                                "and ending with a letter or digit)"]),
         ({"zones": "lpg1"}, ['nodeGroups[0].zones: expected a list, got string "lpg1"']),
-        ({"antiAffinity": True, "serverGroups": ["5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e01"]},
+        ({"antiAffinity": True, "zone": "lpg1",
+          "serverGroups": ["5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e01"]},
          ["nodeGroups[0].antiAffinity: antiAffinity and serverGroups exclude each other: with "
           "antiAffinity the provider makes and fills the server groups itself; with "
           "serverGroups you name your own"]),
         ({"antiAffinity": "yes"}, ['nodeGroups[0].antiAffinity: expected true or false, got '
                                    'string "yes"']),
+        ({"antiAffinity": True}, ["nodeGroups[0].antiAffinity: needs zone (or zones): server "
+                                  "groups are zonal, and the provider makes them in the group's "
+                                  "zone"]),
         # One error per entry, not one per zone.
         ({"zones": ["lpg1", "rma1"], "minSize": -1},
          ["nodeGroups[0].minSize: must be >= 0, got -1"]),
     ],
     ids=["zone-and-zones", "empty", "twice", "not-a-label", "not-a-list", "with-server-groups",
-         "not-a-boolean", "errors-once"],
+         "not-a-boolean", "without-zone", "errors-once"],
 )  # fmt: skip
 def test_misuse_is_refused_with_its_path(
     tmp_path: Path, fields: dict[str, Any], expected: list[str]

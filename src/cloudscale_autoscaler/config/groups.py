@@ -130,7 +130,7 @@ def _parse_one(fields: Fields, base_dir: Path, zone: str | None) -> NodeGroupCon
         ),
         ssh_keys=fields.strings("sshKeys"),
         server_groups=_server_groups(fields),
-        anti_affinity=_anti_affinity(fields),
+        anti_affinity=_anti_affinity(fields, zone),
         use_public_network=_or(fields.boolean("usePublicNetwork"), DEFAULTS.use_public_network),
         use_private_network=_or(fields.boolean("usePrivateNetwork"), DEFAULTS.use_private_network),
         use_ipv6=_or(fields.boolean("useIPv6"), DEFAULTS.use_ipv6),
@@ -163,8 +163,14 @@ def _server_groups(fields: Fields) -> tuple[str, ...]:
     return uuids
 
 
-def _anti_affinity(fields: Fields) -> bool:
+def _anti_affinity(fields: Fields, zone: str | None) -> bool:
     managed = fields.boolean("antiAffinity") or False
+    if managed and zone is None and not fields.present("zones"):
+        fields.issues.add(
+            fields.at("antiAffinity"),
+            "needs zone (or zones): server groups are zonal, and the provider makes them in "
+            "the group's zone",
+        )
     if managed and fields.present("serverGroups"):
         fields.issues.add(
             fields.at("antiAffinity"),

@@ -390,10 +390,13 @@ def node_group() -> Schema:
     group["allOf"] = [
         # One zone, or a list of them.
         {"not": {"required": ["zone", "zones"]}},
-        # The provider's own server groups, or yours.
+        # The provider's own server groups, or yours; its own in the group's zone.
         {
             "if": {"properties": {"antiAffinity": {"const": True}}, "required": ["antiAffinity"]},
-            "then": {"not": {"required": ["serverGroups"]}},
+            "then": {
+                "not": {"required": ["serverGroups"]},
+                "anyOf": [{"required": ["zone"]}, {"required": ["zones"]}],
+            },
         },
         # The API refuses interfaces together with the use_*_network flags.
         {

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -162,7 +163,11 @@ class Reloader:
 
 
 def file_digest(path: Path) -> bytes | None:
+    """The content's digest; None for what is not a regular file (a FIFO would block the
+    read until a writer came: the loader refuses it, naming it) or cannot be read."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
         return hashlib.sha256(path.read_bytes()).digest()
     except OSError:
         return None

@@ -564,3 +564,33 @@ async def test_responses_are_freed_without_a_garbage_collection(emulator: Runnin
 
 def _responses() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, httpx.Response))
+
+
+async def test_a_timed_out_create_is_looked_for_never_sent_again(
+    emulator: RunningEmulator, make_client: ClientFactory
+) -> None:
+    """The API takes longer than the client's timeout and lists the server only once its create
+    is carried out: lookups that miss it prove nothing, so the create is looked for until it
+    appears, and sent once (sent again, each copy became a server)."""
+    client = make_client(timeout_seconds=0.3, max_retries=10, backoff_base=0.2)
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1000}}})
+    server = await client.create_server(spec("slow"))
+    await emulator.admin.clear_faults()
+    assert [op for op, _ in calls_of(client)].count("create_server") == 1
+    assert calls_of(client)[-1] == (LOOKUP_OPERATION, "200")
+    assert [s["uuid"] for s in await emulator.admin.servers()] == [server.uuid]
+    assert client.retries["create_server_recovered"] == 1
+
+
+async def test_a_create_that_stays_unanswered_has_an_unknown_outcome(
+    emulator: RunningEmulator, make_client: ClientFactory
+) -> None:
+    """Still not listed when the retries run out: the outcome is unknown (never "not
+    created"), and it was sent once."""
+    client = make_client(timeout_seconds=0.1, max_retries=2)
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+    with pytest.raises(UnavailableError) as caught:
+        await client.create_server(spec("slower"))
+    await emulator.admin.clear_faults()
+    assert "outcome unknown" in caught.value.message and "ReadTimeout" in caught.value.message
+    assert [op for op, _ in calls_of(client)].count("create_server") == 1

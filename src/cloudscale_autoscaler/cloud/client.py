@@ -7,7 +7,9 @@ Reliability rules, in short:
   when the API provably never processed it (429, or no connection was ever made); after any
   other failure (timeout, lost response, 5xx from a proxy) we first list servers (server
   groups) by the create's unique request tag and return the one found; only a listing that
-  proves absence allows a re-send.
+  proves absence allows a re-send. After a timeout no listing proves absence: the API lists a
+  server only once its create has been carried out, and it may still be carrying it out, so
+  such a create is looked for until it appears or the retries run out, never sent again.
 - Every HTTP attempt passes the optional client-side token bucket; creates and deletes also
   hold a slot of a global concurrency bound for their whole duration.
 - The token only ever lives in the Authorization header; error texts are redacted.
@@ -88,6 +90,7 @@ _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 class _Outcome(Enum):
     REFUSED = "refused"  # the API provably did not act on it: safe to re-send
     UNSURE = "unsure"  # it may have been processed: look before re-sending
+    IN_DOUBT = "in doubt"  # no answer in time: it may still be processed, so never re-send
     FINAL = "final"  # a definitive answer: do not retry
 
 
@@ -425,6 +428,7 @@ class CloudscaleClient:
     async def _create(self, body: dict[str, Any], kind: _Creatable[Made]) -> Made:
         request_id: str = body["tags"][TAG_REQUEST]
         unsure = False  # an earlier attempt may have created it
+        in_doubt = False  # ... or may still be creating it: a lookup that misses it proves nothing
         retry = 0
         while True:
             if unsure:
@@ -433,7 +437,7 @@ class CloudscaleClient:
                     pass  # still unsure
                 elif found is not None:
                     return self._recovered(found, body, kind)
-                else:
+                elif not in_doubt:
                     unsure = False  # proven absent: re-sending cannot duplicate
             retry_after: float | None = None
             if not unsure:
@@ -443,13 +447,14 @@ class CloudscaleClient:
                 error, outcome, retry_after = result
                 if outcome is _Outcome.FINAL:
                     raise error
-                unsure = outcome is _Outcome.UNSURE
+                unsure = outcome in (_Outcome.UNSURE, _Outcome.IN_DOUBT)
+                in_doubt = outcome is _Outcome.IN_DOUBT
             if retry >= self.max_retries:
                 if unsure:
                     # Out of retries, but one last look can still turn a lost response
                     # into a success, or prove nothing was created.
                     found = await self._lookup_created(request_id, kind)
-                    if isinstance(found, CloudError):
+                    if isinstance(found, CloudError) or (found is None and in_doubt):
                         raise self._outcome_unknown(body, error, kind)
                     if found is not None:
                         return self._recovered(found, body, kind)
@@ -465,6 +470,8 @@ class CloudscaleClient:
             response = await self._attempt(operation, "POST", kind.path, json_body=body)
         except _NEVER_SENT as exc:
             return _transport_error(exc, operation, self._secrets), _Outcome.REFUSED, None
+        except httpx.TimeoutException as exc:  # sent, unanswered (connect and pool: above)
+            return _transport_error(exc, operation, self._secrets), _Outcome.IN_DOUBT, None
         except httpx.RequestError as exc:
             return _transport_error(exc, operation, self._secrets), _Outcome.UNSURE, None
         status = response.status_code

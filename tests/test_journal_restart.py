@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.emulator import TOKEN, RunningEmulator
 from fixtures.stack import wait_until
@@ -25,7 +27,7 @@ from test_shutdown import assert_tagged
 
 from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST
 from cloudscale_autoscaler.engine.providerid import placeholder_provider_id
-from cloudscale_autoscaler.journal.entries import decode
+from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.journal.file import FILE_NAME
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
@@ -312,3 +314,49 @@ async def test_killed_at_random_points_and_restarted_at_once_never_overshoots(
     assert len(servers) <= final
     assert_tagged(servers, CLUSTER)
     assert max(Counter(s["tags"][TAG_REQUEST] for s in servers).values()) == 1
+
+
+async def test_creates_of_a_group_configured_only_later_are_kept_and_counted(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    """A replica whose config lags (a standby taking over before the kubelet brought it the
+    ConfigMap with a new group) reads creates of that group in the journal: it keeps them in
+    the journal while their bound lasts, and counts them once a reload adds the group, instead
+    of dropping them (that group's scale-up would then be planned twice)."""
+    config = config_for(tmp_path, pki, emulator, cloudscale_extra={"timeoutSeconds": 15})
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    earlier = Entry("0123456789abcdef0123456789abcdef", "extra", f"{CLUSTER}-extra-ab12c", at)
+    record = tmp_path / "state" / FILE_NAME
+    record.write_text(encode(CLUSTER, "an-earlier-process", [earlier]))
+    serve = await start_serve(config, log_level="info")
+    try:
+        ca = Ca(serve, pki)
+        assert await ca.target() == 0
+        await ca.increase(1)  # the journal is written with the workers' create, then without
+
+        async def written_after_it() -> bool:
+            entries = decode(record.read_text(), CLUSTER).entries
+            return len(await emulator.admin.servers()) == 1 and all(
+                entry.group != "workers" for entry in entries
+            )
+
+        await wait_until(written_after_it, 10, "the workers' create never left the journal")
+        assert decode(record.read_text(), CLUSTER).entries == [earlier], record.read_text()
+        document = yaml.safe_load(config.read_text())
+        document["nodeGroups"].append({**document["nodeGroups"][0], "name": "extra"})
+        staged = config.with_suffix(".new")
+        staged.write_text(yaml.safe_dump(document))
+        staged.replace(config)
+
+        async def counted() -> bool:
+            request = pb.NodeGroupTargetSizeRequest(id="extra")
+            try:
+                answer = await ca.stub.NodeGroupTargetSize(request, timeout=CALL_TIMEOUT)
+            except grpc.aio.AioRpcError:
+                return False  # not reloaded yet: no such group
+            return answer.targetSize == 1
+
+        await wait_until(counted, 15, "the kept create of the added group was never counted")
+        await ca.close()
+    finally:
+        await serve.kill()

@@ -86,6 +86,10 @@ class Inventory:
         self._stale = False  # set by forget until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
         self._ignored_groups: set[str] = set()
+        # Journal entries of groups not configured here (yet), by request, until their bound:
+        # kept in the journal, and counted if a reload adds the group (a replica whose mounted
+        # config lags may take over while the leader scales a new group).
+        self._foreign: dict[str, tuple[Entry, float]] = {}
         # Servers per k8s-autoscaler-group tag no configured group has (a group removed from
         # the config, say), from the latest listing: kept, never deleted, shown in /status.
         self.unconfigured: dict[str, int] = {}
@@ -194,12 +198,15 @@ class Inventory:
             group = self.groups.get(entry.group)
             if group is None:
                 log.warning(
-                    "creation journal %s: create %s of node group %s, which is not configured: "
-                    "ignored",
+                    "creation journal %s: create %s of node group %s, which is not configured "
+                    "here: kept in the journal for %gs, and counted if a reload adds the group",
                     self.journal.where,
                     entry.request,
                     clip(entry.group),
+                    self._adopted_bound,
                 )
+                # Read again at a later claim (our own writes keep it): its bound stays.
+                self._foreign.setdefault(entry.request, (entry, expires))
                 continue
             known = group.creations.keys() | group.placeholders.keys()
             if entry.request in known or entry.request in listed[group.name]:
@@ -225,13 +232,15 @@ class Inventory:
         self.journal = Journal(store, self._config.cluster, holder, self.unconfirmed_entries)
 
     def unconfirmed_entries(self) -> list[Entry]:
-        """What the journal must hold: every create the API has not answered yet."""
+        """What the journal must hold: every create the API has not answered yet, and the
+        entries of groups not configured here until their bound."""
+        now = self._clock()
         return [
             Entry(creation.request_id, group.name, creation.name, creation.recorded_at)
             for group in self.groups.values()
             for creation in group.creations.values()
             if creation.uuid is None
-        ]
+        ] + [entry for entry, expires in self._foreign.values() if now < expires]
 
     def journal_changed(self) -> None:
         if self.journal is not None:
@@ -356,8 +365,26 @@ class Inventory:
                 group.reconfigure(group_config)
             self.groups[group.name] = group
         self._ignored_groups -= self.groups.keys()  # a group back again is no longer ignored
+        self._adopt_foreign(old.keys())
         self._rebuild_index()
         return {name: len(group.servers) for name, group in old.items() if name not in self.groups}
+
+    def _adopt_foreign(self, before: Iterable[str]) -> None:
+        """Count the kept journal entries of the groups a reload added, within their bound."""
+        added = self.groups.keys() - set(before)
+        now = self._clock()
+        for request, (entry, expires) in list(self._foreign.items()):
+            if now >= expires:
+                del self._foreign[request]
+            elif entry.group in added:
+                del self._foreign[request]
+                self.groups[entry.group].adopt(entry.request, entry.name, entry.at, expires)
+                log.warning(
+                    "creation journal: create %s of node group %s, added by this reload, sent "
+                    "by an earlier process and not listed yet: counted in its target",
+                    entry.request,
+                    entry.group,
+                )
 
     def group(self, name: str) -> GroupState:
         group = self.groups.get(name)

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench import resultsmd
 from bench.plan import FULL, PATTERNS, SMOKE, NodeMemoryPlan, RealCaPlan
@@ -175,12 +176,7 @@ def _real_ca(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Pat
         # see as idle: the reason, with the log tail it names, is the whole story.
         print(f"python -m bench --workload real-ca: {exc}", file=sys.stderr)
         return 1
-    (out / "real-ca.json").write_text(json.dumps(result, indent=2) + "\n")
-    section = report.markdown(result)
-    (out / "real-ca.md").write_text(section)
-    if not args.no_results_md:
-        resultsmd.write_section(RESULTS_MD, section)
-    print(section)
+    _publish(out, "real-ca", result, report.markdown(result), results_md=not args.no_results_md)
     return 0
 
 
@@ -205,16 +201,25 @@ def _node_memory(parser: argparse.ArgumentParser, args: argparse.Namespace, out:
     except testbed.Unavailable as exc:
         print(f"python -m bench --workload node-memory: {exc.msg}", file=sys.stderr)
         return 1
-    except (testbed.ToolUnavailable, testbed.StartFailed, RuntimeError) as exc:
+    except (testbed.ToolUnavailable, testbed.StartFailed, testbed.NotReached,
+            RuntimeError) as exc:  # fmt: skip
         print(f"python -m bench --workload node-memory: {exc}", file=sys.stderr)
         return 1
-    (out / "node-memory.json").write_text(json.dumps(result, indent=2) + "\n")
-    section = report.markdown(result)
-    (out / "node-memory.md").write_text(section)
-    if not args.no_results_md:
+    _publish(out, "node-memory", result, report.markdown(result),
+             results_md=not args.no_results_md)  # fmt: skip
+    return 0
+
+
+def _publish(
+    out: Path, name: str, result: dict[str, Any], section: str, *, results_md: bool
+) -> None:
+    """A workload's result as `<name>.json` and `<name>.md` in `out`, its section in
+    bench/RESULTS.md (unless not `results_md`), and on stdout."""
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(section)
+    if results_md:
         resultsmd.write_section(RESULTS_MD, section)
     print(section)
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -65,6 +66,29 @@ def machine() -> dict[str, Any]:
         "protobuf": f"{metadata.version('protobuf')} ({api_implementation.Type()})",
         "load_average_at_start": load_average(),
     }
+
+
+def run_record(description: dict[str, Any], command: str, started: float) -> dict[str, Any]:
+    """What every run's JSON starts with: the machine (`description`, taken at the start),
+    how the run was asked for, when it started (time.time()) and how long it took."""
+    return {
+        "machine": description,
+        "command": command,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": time.time() - started,
+        "load_average_at_end": load_average(),
+    }
+
+
+def run_line(record: dict[str, Any]) -> str:
+    """A run_record as the sentence a RESULTS.md section opens with."""
+    m = record["machine"]
+    return (
+        f"Run {record['started']} ({record['duration_s']:.0f} s) with `{record['command']}`. "
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, Python "
+        f"{m['python']}; load average (1/5/15 min) at the start {m['load_average_at_start']}, "
+        f"at the end {record['load_average_at_end']}."
+    )
 
 
 # ---- targets ------------------------------------------------------------------------------

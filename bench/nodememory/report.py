@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bench.report import run_line
 from bench.resultsmd import NODE_MEMORY_HEADING
 
 MIB = 1024 * 1024
@@ -106,14 +107,11 @@ def _counts(by_name: dict[str, float]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    plan, ca, m = result["plan"], result["phases"]["ca"], result["machine"]
+    plan, ca = result["plan"], result["phases"]["ca"]
     lines = [
         NODE_MEMORY_HEADING,
         "",
-        f"Run {result['started']} ({result['duration_s']:.0f} s) with `{result['command']}`. "
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, Python "
-        f"{m['python']}; load average (1/5/15 min) at the start {m['load_average_at_start']}, "
-        f"at the end {result['load_average_at_end']}.",
+        run_line(result),
         "",
         f"The chart installed with `helm install --wait` ({result['install_s']:.1f} s) on a "
         f"real kubelet (two replicas, the chart's defaults), sampled every "

@@ -29,6 +29,7 @@ from bench.nodememory.testbed import (
     running_emulator,
     running_kwok,
     running_node,
+    wait_for,
     write_secret_files,
 )
 from bench.plan import NodeMemoryPlan
@@ -37,7 +38,7 @@ from bench.promtext import Scrape, scrape
 from bench.realca import nodes as kubenodes
 from bench.realca.autoscaler import flags
 from bench.realca.measure import CA_ERRORS, CA_NODES, FUNCTION_COUNT, OUR_REQUESTS
-from bench.report import load_average, machine
+from bench.report import machine, run_record
 from bench.stack import FLAVOR, IMAGE, ZONE
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
 from cloudscale_autoscaler.transport.certs import mint_ca
@@ -79,11 +80,7 @@ def run_node_memory(plan: NodeMemoryPlan, out: Path, command: str) -> dict[str, 
                 _populate(node, emulator, plan.nodes)
                 loaded = _under_ca(node, plan, installed, workdir)
     return {
-        "machine": description,
-        "command": command,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "duration_s": time.time() - started,
-        "load_average_at_end": load_average(),
+        **run_record(description, command, started),
         "plan": asdict(plan),
         "resources": _chart_defaults()["resources"],
         "install_s": installed.seconds,
@@ -122,19 +119,11 @@ def _install(
     )
     if done.returncode != 0:
         raise RuntimeError(f"helm install failed: {done.stdout}{done.stderr}")
-    _wait(lambda: all_ready(node.kube, NAMESPACE, FULLNAME, SELECTOR), READY_SECONDS,
-          "both replicas Ready")  # fmt: skip
+    wait_for(lambda: all_ready(node.kube, NAMESPACE, FULLNAME, SELECTOR), READY_SECONDS,
+             "both replicas Ready")  # fmt: skip
     log.info("helm install --wait: %.1fs", seconds)
     client = write_secret_files(secrets[f"{FULLNAME}-client-tls"], workdir / "ca-client")
     return Installed(seconds, client)
-
-
-def _wait(check: Any, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {limit:.0f}s")
-        time.sleep(0.5)
 
 
 def _round(node: RealNode) -> list[dict[str, Any]]:
@@ -172,8 +161,8 @@ def _populate(node: RealNode, emulator: GatewayEmulator, count: int) -> None:
     core = kubenodes.api(node.kube)
     started = time.monotonic()
     kubenodes.register(core, names, KWOK_NODES)
-    _wait(lambda: not kubenodes.not_ready(core, names, KWOK_NODES), REGISTER_READY_SECONDS,
-          f"{count} kwok Nodes Ready")  # fmt: skip
+    wait_for(lambda: not kubenodes.not_ready(core, names, KWOK_NODES),
+             REGISTER_READY_SECONDS, f"{count} kwok Nodes Ready", period=0.5)  # fmt: skip
     log.info("%d servers and Ready Nodes: %.0fs", count, time.monotonic() - started)
 
 

@@ -20,6 +20,7 @@ from fixtures.deployed import (  # noqa: E402
     lease_holder,
     live_pods,
     running_emulator,
+    wait_for,
     write_secret_files,
 )
 from fixtures.image import ensure_image  # noqa: E402
@@ -30,11 +31,14 @@ from fixtures.tools import ToolUnavailable  # noqa: E402
 # of the real node (pytest.skip).
 StartFailed = pytest.fail.Exception
 Unavailable = pytest.skip.Exception
+# What wait_for raises when its condition is not met in time.
+NotReached = AssertionError
 
 __all__ = [
     "KWOK_ANNOTATION",
     "Autoscaler",
     "GatewayEmulator",
+    "NotReached",
     "RealNode",
     "StartFailed",
     "ToolUnavailable",
@@ -48,5 +52,6 @@ __all__ = [
     "running_emulator",
     "running_kwok",
     "running_node",
+    "wait_for",
     "write_secret_files",
 ]

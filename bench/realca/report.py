@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report import MB, ms, table
+from bench.report import MB, ms, run_line, table
 from bench.resultsmd import REAL_CA_HEADING
 
 # The RPCs an idle loop makes, in the order CA makes them; any other method follows.
@@ -93,16 +93,12 @@ def _by_method(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    m = report["machine"]
     rows = report["results"]
     plan = report["plan"]
     lines = [
         REAL_CA_HEADING,
         "",
-        f"Run {report['started']} ({report['duration_s']:.0f} s) with `{report['command']}`. "
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Linux {m['kernel']}, Python "
-        f"{m['python']}; load average (1/5/15 min) at the start {m['load_average_at_start']}, "
-        f"at the end {report['load_average_at_end']}.",
+        run_line(report),
         "",
         "The real Cluster Autoscaler binary of each generation (built from upstream's sources "
         "with `-tags externalgrpc`, tests/fixtures/autoscaler.py) on a loopback kube-apiserver, "

@@ -14,7 +14,7 @@ from bench.procs import Processes
 from bench.realca import testbed
 from bench.realca.autoscaler import flags
 from bench.realca.measure import RealCaBench, run_sizes
-from bench.report import load_average, machine
+from bench.report import machine, run_record
 from bench.stack import make_certs, start_emulator
 
 log = logging.getLogger("bench")
@@ -46,11 +46,7 @@ def run_real_ca(plan: RealCaPlan, out: Path, command: str) -> dict[str, Any]:
     finally:
         procs.stop_all()
     return {
-        "machine": description,
-        "command": command,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-        "duration_s": time.time() - started,
-        "load_average_at_end": load_average(),
+        **run_record(description, command, started),
         "plan": asdict(plan),
         "ca_flags": flags(plan.scan_interval_s),
         "results": rows,

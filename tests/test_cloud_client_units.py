@@ -247,6 +247,23 @@ def test_parse_flavors() -> None:
             "vcpu_count must be a number, got True",
             id="bool-vcpu",
         ),
+        # JSON's 1e999 is infinity and a 400-digit integer no float: int() and float() raise
+        # OverflowError there, which escaped every caller expecting a CloudError.
+        pytest.param(
+            {"slug": "f", "vcpu_count": json.loads("1e999"), "memory_gb": 1},
+            "vcpu_count must be a finite number, got inf",
+            id="infinite-vcpu",
+        ),
+        pytest.param(
+            {"slug": "f", "vcpu_count": 2, "memory_gb": 10**400},
+            "memory_gb must be a finite number, got 1000",
+            id="huge-memory",
+        ),
+        pytest.param(
+            {"slug": "f", "vcpu_count": json.loads("NaN"), "memory_gb": 1},
+            "vcpu_count must be a finite number, got nan",
+            id="nan-vcpu",
+        ),
     ],
 )
 def test_parse_flavor_rejects(raw: dict[str, Any], fragment: str) -> None:

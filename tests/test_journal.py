@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloudscale_autoscaler.config.advice import JOURNAL_WARNING, config_warnings
 from cloudscale_autoscaler.config.types import (
@@ -23,7 +26,7 @@ from cloudscale_autoscaler.config.types import (
 )
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore
-from cloudscale_autoscaler.journal.store import Conflict, JournalError, Stored
+from cloudscale_autoscaler.journal.store import Conflict, Gone, JournalError, Stored
 from cloudscale_autoscaler.journal.writer import Journal
 
 CLUSTER = "prod"
@@ -135,21 +138,33 @@ async def test_nothing_is_written_before_a_claim(tmp_path: Path) -> None:
 
 class Versioned:
     """A store that compares versions, as the ConfigMap store does (tests/test_kube_journal.py
-    runs the real one against a kube-apiserver)."""
+    runs the real one against a kube-apiserver): None is the version of a record that does not
+    exist, and writing with it creates one."""
 
     def __init__(self) -> None:
         self.text: str | None = None
-        self.version = 0
+        self.version: int | None = None
         self.where = "memory"
+        # Called after each read, before the reader goes on (a rival acting in between).
+        self.after_read: list[Callable[[], Awaitable[None]]] = []
 
     async def read(self) -> Stored:
-        return Stored(self.text, str(self.version))
+        stored = Stored(self.text, None if self.version is None else str(self.version))
+        while self.after_read:
+            await self.after_read.pop(0)()
+        return stored
 
     async def write(self, text: str, version: str | None) -> str | None:
-        if version != str(self.version):
+        current = None if self.version is None else str(self.version)
+        if version is not None and current is None:
+            raise Gone("deleted")
+        if version != current:
             raise Conflict("changed")
-        self.text, self.version = text, self.version + 1
+        self.text, self.version = text, (self.version or 0) + 1
         return str(self.version)
+
+    def delete(self) -> None:
+        self.text = self.version = None
 
 
 async def test_a_replica_whose_record_was_taken_records_nothing_more() -> None:
@@ -173,7 +188,7 @@ async def test_a_conflict_with_our_own_record_is_written_over() -> None:
     store = Versioned()
     journal = Journal(store, CLUSTER, "pod-a", lambda: [ONE])
     await journal.claim()
-    store.version += 1  # someone else's write; the holder is still pod-a
+    store.version = (store.version or 0) + 1  # someone else's write; the holder is still pod-a
     await journal.persist()
     assert decode(store.text or "", CLUSTER).entries == [ONE]
 
@@ -195,3 +210,64 @@ def test_a_config_without_a_journal_is_warned_about(
     group = NodeGroupConfig("workers", 0, 3, "flex-4-2", "debian-12")
     config = Config(cluster=CLUSTER, node_groups=(group,), **fields)  # type: ignore[arg-type]
     assert (JOURNAL_WARNING in config_warnings(config)) is warned
+
+
+DEEP = "[" * 100_000
+NESTED_ENTRY = record(creations=[json.loads("[" * 900 + "]" * 900)])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [DEEP, '{"format": 1, "cluster": "prod", "creations": ' + DEEP, NESTED_ENTRY,
+     record(format=json.loads("[" * 900 + "]" * 900)), "\ud800", "1e999", '{"format": 1e999}', "-" * 10_000],
+    ids=["deep", "deep-creations", "deep-entry", "deep-format", "surrogate",
+         "huge-number", "huge-format", "dashes"],
+)  # fmt: skip
+def test_decode_of_crafted_records_never_raises(text: str) -> None:
+    """A damaged or crafted record is reported, never raised: a raise here failed every
+    Refresh on every replica until someone edited the record by hand."""
+    decoded = decode(text, CLUSTER)
+    assert decoded.entries == [] and decoded.problems, decoded
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text() | st.binary().map(lambda raw: raw.decode("utf-8", "replace")))
+def test_decode_of_any_text_never_raises(text: str) -> None:
+    """Whatever it reads back, written again, reads back the same."""
+    decoded = decode(text, CLUSTER)
+    again = decode(encode(CLUSTER, decoded.holder, decoded.entries), CLUSTER)
+    assert (again.holder, again.entries, again.problems) == (decoded.holder, decoded.entries, [])
+
+
+async def test_a_record_deleted_while_held_is_written_anew() -> None:
+    """Deleted by hand (kubectl delete configmap): the next write makes it again, rather than
+    every write failing with "not found" until the provider restarts."""
+    store = Versioned()
+    in_flight: list[Entry] = []
+    journal = Journal(store, CLUSTER, "pod-a", lambda: list(in_flight))
+    await journal.claim()
+    store.delete()
+    in_flight.append(ONE)
+    await journal.persist()
+    decoded = decode(store.text or "", CLUSTER)
+    assert (decoded.holder, decoded.entries) == ("pod-a", [ONE])
+
+
+async def test_a_claim_of_a_replica_that_lost_the_lease_meanwhile_writes_nothing() -> None:
+    """Replica A reads the record to claim it; meanwhile its Lease lapses and B claims. A's
+    write conflicts, and its claim must not read again and take the record back from B."""
+    store = Versioned()
+    leading = {"pod-a": True}
+    old = Journal(store, CLUSTER, "pod-a", list, fence=lambda: None if leading["pod-a"] else "no")
+    new = Journal(store, CLUSTER, "pod-b", list)
+
+    async def lease_moves_to_b() -> None:
+        leading["pod-a"] = False
+        await new.claim()
+
+    store.after_read.append(lease_moves_to_b)
+    with pytest.raises(JournalError, match="not written: no"):
+        await old.claim()
+    assert not old.claimed
+    assert decode(store.text or "", CLUSTER).holder == "pod-b"
+    assert new.claimed

@@ -667,10 +667,11 @@ class CloudscaleClient:
         return self._read(response, operation, lambda content: decode_servers(content, operation))
 
     def _read(self, response: httpx.Response, operation: str, read: Callable[[bytes], T]) -> T:
-        """`read` of the body; a body that is not JSON is a CloudError."""
+        """`read` of the body; a body that is not JSON is a CloudError (one nested too deeply
+        for the decoder too)."""
         try:
             return read(response.content)
-        except ValueError:
+        except (ValueError, RecursionError):
             snippet = redact(response.text[:200], self._secrets)
             raise CloudError(
                 f"malformed API response: not JSON: {snippet!r}", response.status_code, operation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -158,10 +159,18 @@ def parse_servers(body: Any, operation: str = "") -> list[Server]:
 
 
 def _number(raw: dict[str, Any], key: str, what: str, operation: str) -> float:
+    """A finite number: JSON may spell infinity (1e999) or an integer no float holds, which
+    int() and float() refuse with OverflowError, not the ValueError a malformed body is."""
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _malformed(what, f"{key} must be a number, got {value!r}", operation)
-    return value
+        raise _malformed(what, f"{key} must be a number, got {value!r:.80}", operation)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _malformed(what, f"{key} must be a finite number, got {str(value):.80}", operation)
+    return number
 
 
 def _required(raw: Any, key: str, what: str, operation: str) -> str:

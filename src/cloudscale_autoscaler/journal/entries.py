@@ -14,12 +14,17 @@ never compared with the reader's clock (two nodes' clocks need not agree).
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 FORMAT = 1
 _FIELDS = ("request", "group", "name", "at")
+# Shows a value read from a record in a message: bounded in depth and length, so a crafted
+# record (a list nested a thousand deep) cannot make the message itself fail.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 80, 80
 
 
 @dataclass(frozen=True)
@@ -54,16 +59,17 @@ def decode(text: str, cluster: str) -> Decoded:
     was written for another cluster, yields no entries and says why in `problems`."""
     try:
         body = json.loads(text)
-    except ValueError as exc:
-        return Decoded(problems=[f"not JSON ({exc}); truncated or overwritten?"])
+    except ValueError as exc:  # UnicodeError (a lone surrogate) is one too
+        return Decoded(problems=[f"not JSON ({_SHOWN.repr(str(exc))}); truncated or overwritten?"])
+    except RecursionError:
+        return Decoded(problems=["not JSON this provider can read: nested too deeply; crafted?"])
     if not isinstance(body, dict):
         return Decoded(problems=[f"expected a JSON object, got {type(body).__name__}"])
     if body.get("format") != FORMAT:
-        return Decoded(problems=[f"format {body.get('format')!r} is not {FORMAT}"])
+        return Decoded(problems=[f"format {_SHOWN.repr(body.get('format'))} is not {FORMAT}"])
     if body.get("cluster") != cluster:
-        return Decoded(
-            problems=[f"written for cluster {body.get('cluster')!r}, not {cluster!r}: foreign"]
-        )
+        written = _SHOWN.repr(body.get("cluster"))
+        return Decoded(problems=[f"written for cluster {written}, not {cluster!r}: foreign"])
     holder = body.get("holder")
     decoded = Decoded(holder=holder if isinstance(holder, str) else "")
     creations = body.get("creations")
@@ -73,7 +79,8 @@ def decode(text: str, cluster: str) -> Decoded:
     for index, raw in enumerate(creations):
         entry = _entry(raw)
         if entry is None:
-            decoded.problems.append(f"creations[{index}]: expected {_shape()}, got {raw!r:.200}")
+            shown = _SHOWN.repr(raw)
+            decoded.problems.append(f"creations[{index}]: expected {_shape()}, got {shown}")
         else:
             decoded.entries.append(entry)
     return decoded

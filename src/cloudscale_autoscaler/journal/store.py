@@ -14,6 +14,10 @@ class Conflict(JournalError):
     """The record changed since it was read: someone else wrote it."""
 
 
+class Gone(JournalError):
+    """The record was deleted since it was read or written (a ConfigMap deleted by hand)."""
+
+
 @dataclass(frozen=True)
 class Stored:
     """A record as a store holds it: its text (None: no record yet) and the version a write

@@ -11,6 +11,11 @@
 - `touch()` asks for a write some time soon: a create confirmed, failed or cancelled leaves
   the record stale, which is safe (its request tag is listed, or the entry waits out its
   bound) but not tidy.
+- `fence` (leader election: whether this replica holds the Lease) is asked before every write,
+  the claim's included: a replica that lost the Lease while its claim or a write was under way
+  never writes the record again, so it cannot take it back from the new leader.
+- A record deleted while held (a ConfigMap deleted by hand) is written anew on the next write;
+  where the account may not create it, the error says what to create.
 
 Runs on the asyncio loop; writes happen one at a time, in the writer task.
 """
@@ -23,7 +28,7 @@ import logging
 from collections.abc import Callable
 
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
-from cloudscale_autoscaler.journal.store import Conflict, JournalError, JournalStore, Stored
+from cloudscale_autoscaler.journal.store import Conflict, Gone, JournalError, JournalStore, Stored
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,13 @@ log = logging.getLogger(__name__)
 CLAIM_ATTEMPTS = 3
 # How long a touch() waits for more changes before writing them together.
 DEBOUNCE_SECONDS = 0.5
+
+# None while this replica may write the record, else why not.
+Fence = Callable[[], str | None]
+
+
+def unfenced() -> str | None:
+    return None
 
 
 class Journal:
@@ -41,8 +53,10 @@ class Journal:
         holder: str,
         snapshot: Callable[[], list[Entry]],
         debounce_seconds: float = DEBOUNCE_SECONDS,
+        fence: Fence = unfenced,
     ) -> None:
         self._store = store
+        self._fence = fence
         self._cluster = cluster
         self.holder = holder
         self._snapshot = snapshot
@@ -71,6 +85,7 @@ class Journal:
             known = {entry.request for entry in mine}
             kept = mine + [entry for entry in left if entry.request not in known]
             text = encode(self._cluster, self.holder, kept)
+            self._check_fence()
             try:
                 self._version = await self._store.write(text, stored.version)
             except Conflict:
@@ -86,6 +101,12 @@ class Journal:
     def forget(self) -> None:
         """No longer ours (leadership lost): the next claim reads it again."""
         self._claimed = False
+
+    def _check_fence(self) -> None:
+        refusal = self._fence()
+        if refusal is not None:
+            self._claimed = False
+            raise JournalError(f"{self.where} not written: {refusal}")
 
     def _readable(self, stored: Stored) -> list[Entry]:
         if stored.text is None:
@@ -161,11 +182,18 @@ class Journal:
         text = encode(self._cluster, self.holder, self._snapshot())
         if text == self._text:
             return
+        self._check_fence()
         try:
             self._version = await self._store.write(text, self._version)
         except Conflict:
             await self._recover_version()
+            self._check_fence()
             self._version = await self._store.write(text, self._version)
+        except Gone:
+            log.error("creation journal %s was deleted while held: writing it anew", self.where)
+            self._version = None  # create it; until that succeeds, every write tries again
+            self._check_fence()
+            self._version = await self._store.write(text, None)
         self._text = text
 
     async def _recover_version(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cloudscale_autoscaler.journal.store import Conflict, JournalError, Stored
+from cloudscale_autoscaler.journal.store import Conflict, Gone, JournalError, Stored
 from cloudscale_autoscaler.kube.api import KubeError, Obj
 
 KEY = "creations.json"
@@ -64,6 +64,8 @@ class ConfigMapStore:
     def _failure(self, exc: KubeError, *, creating: bool) -> JournalError:
         if exc.status == 409:
             return Conflict(f"{self.where} changed since it was read")
+        if exc.status == 404 and not creating:
+            return Gone(f"{self.where} was deleted")
         if creating and exc.status == 403:
             return JournalError(
                 f"{self.where} does not exist and this account may not create it: create it "

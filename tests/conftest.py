@@ -17,6 +17,18 @@ pytest_plugins = [
     "fixtures.node",
 ]
 
+
+@pytest.fixture(autouse=True)
+def _journal_place(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every provider a test starts without stateDir (in process or a `serve` it spawns)
+    keeps its creation journal in a directory of that test's own, as the default place
+    (journal/file.py) would be a shared one, across tests and workers."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+
+
 # The longest modules start first, one on each of the two workers (pyproject.toml's addopts):
 # the release's wheel builds (about 5 min) and the real CA's scenarios (about 6 min), then the
 # real node's (about 2.5 min: the chart, CA through it, the kustomize base). Reached last,

@@ -97,7 +97,7 @@ def test_valid_config_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFix
         "placeholder expiry: 900s",
         "pricing:            none (the pricing RPCs answer UNIMPLEMENTED)",
         "kubernetes:         disabled (no drift checks, no leader election)",
-        f"creation journal:   file {tmp_path / 'state' / 'creations.json'}",
+        f"creation journal:   file {tmp_path / 'state' / 'creations.json'} (stateDir)",
         "node groups (2):",
         "  workers: size 1-5, flavor flex-8-4, image debian-12, zone lpg1, volume 50 GB, "
         "2 labels, 1 taint, options: yes, interfaces: public",

@@ -539,7 +539,7 @@ async def test_timeout_is_unavailable(
     with pytest.raises(UnavailableError) as caught:
         await client.list_images()
     await emulator.admin.clear_faults()  # releases the requests still held by the latency
-    assert "ReadTimeout" in caught.value.message
+    assert "Timeout" in caught.value.message
     assert calls_of(client) == [("list_images", "error")] * 2
 
 
@@ -592,5 +592,5 @@ async def test_a_create_that_stays_unanswered_has_an_unknown_outcome(
     with pytest.raises(UnavailableError) as caught:
         await client.create_server(spec("slower"))
     await emulator.admin.clear_faults()
-    assert "outcome unknown" in caught.value.message and "ReadTimeout" in caught.value.message
+    assert "outcome unknown" in caught.value.message and "Timeout" in caught.value.message
     assert [op for op, _ in calls_of(client)].count("create_server") == 1

@@ -325,8 +325,13 @@ async def test_increase_size_returns_while_creations_are_in_flight(stack: StackF
     await s.refresh()
     await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 10_000}}})
     await increase(s, "workers", 3)
+    assert await s.target("workers") == 3  # counted at once, before anything is sent
+
+    async def all_sent() -> bool:  # once the creation journal holds them
+        return (await s.cloud_in_flight()).get("create_server") == 3
+
+    await wait_until(all_sent, what="three creates sent")
     # Returned, yet nothing is created: the creations are still in flight.
-    assert (await s.cloud_in_flight()).get("create_server") == 3
     assert await s.cloud_servers("workers") == []
     assert await s.target("workers") == 3
     assert await s.instances("workers") == []  # no instance ids before the API answers
@@ -358,6 +363,11 @@ async def test_decrease_target_size(stack: StackFactory) -> None:
     await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
     await increase(s, "workers", 4)
     assert await s.target("workers") == 5
+
+    async def one_sent() -> bool:  # once the creation journal holds them
+        return (await s.cloud_in_flight()).get("create_server") == 1
+
+    await wait_until(one_sent, what="the first create sent")
     error = await rpc_error(decrease(-4))  # only 3 are unsent
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert await s.target("workers") == 5

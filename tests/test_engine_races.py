@@ -26,6 +26,17 @@ async def placeholders(s: Stack, group_id: str) -> list[pb.Instance]:
     return [i for i in await s.instances(group_id) if i.id.startswith("cloudscale://failed-")]
 
 
+async def placeholders_appear(s: Stack, group_id: str, count: int) -> list[pb.Instance]:
+    """The group's placeholders once there are `count`: a failure may come after IncreaseSize
+    answered (its creates are recorded in the journal first)."""
+
+    async def there() -> bool:
+        return len(await placeholders(s, group_id)) == count
+
+    await wait_until(there, what=f"{count} placeholder(s) in {group_id}")
+    return await placeholders(s, group_id)
+
+
 async def assert_consistent(s: Stack, group_id: str) -> int:
     await s.settle(group_id)
     servers = len(await s.cloud_servers(group_id))
@@ -125,7 +136,7 @@ async def test_placeholders_expire(stack: StackFactory) -> None:
     s = await stack([group("workers", 0, 10)], placeholder_expiry_seconds=3.0)
     await s.admin.set_faults({"fail_next_creates": {"count": 1, "kind": "quota"}})
     await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2))
-    [failed] = await placeholders(s, "workers")
+    [failed] = await placeholders_appear(s, "workers", 1)
     assert await s.target("workers") == 2
 
     async def expired() -> bool:
@@ -143,7 +154,7 @@ async def test_placeholder_unknown_to_the_group_is_refused(stack: StackFactory) 
     s = await stack([group("workers", 0, 10), group("other", 0, 10)])
     await s.admin.set_faults({"fail_next_creates": {"count": 1, "kind": "quota"}})
     await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2))
-    [failed] = await placeholders(s, "workers")
+    [failed] = await placeholders_appear(s, "workers", 1)
     fake = pb.ExternalGrpcNode(providerID=failed.id, name=failed.id)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await s.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id="other", nodes=[fake]))
@@ -156,6 +167,11 @@ async def test_restart_with_creations_in_flight(stack: StackFactory) -> None:
     await s.refresh()
     await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 800}}})
     await s.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id="workers", delta=4))
+
+    async def sent() -> bool:
+        return (await s.admin.in_flight()).get("create_server", 0) > 0
+
+    await wait_until(sent, what="the first create sent")
     # Shutdown lets the request already sent finish and drops the queued ones.
     s2 = await s.restart()
     await s2.admin.clear_faults()

@@ -17,15 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudscale_autoscaler.config.advice import JOURNAL_WARNING, config_warnings
-from cloudscale_autoscaler.config.types import (
-    Config,
-    KubernetesConfig,
-    LeaderElectionConfig,
-    NodeGroupConfig,
-)
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
-from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore
+from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore, default_directory
 from cloudscale_autoscaler.journal.store import Conflict, Gone, JournalError, Stored
 from cloudscale_autoscaler.journal.writer import Journal
 
@@ -194,22 +187,22 @@ async def test_a_conflict_with_our_own_record_is_written_over() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "warned"),
+    ("env", "expected"),
     [
-        ({}, True),
-        ({"state_dir": Path("/var/lib/cloudscale-autoscaler")}, False),
-        ({"kubernetes": KubernetesConfig(leader_election=LeaderElectionConfig(enabled=True))},
-         False),
-        ({"kubernetes": KubernetesConfig()}, True),  # no election: the file is the journal
+        ({"STATE_DIRECTORY": "/var/lib/cas:/var/lib/other", "XDG_STATE_HOME": "/x",
+          "HOME": "/home/u"}, "/var/lib/cas"),
+        ({"XDG_STATE_HOME": "/x/state", "HOME": "/home/u"}, "/x/state/cloudscale-autoscaler"),
+        ({"STATE_DIRECTORY": "", "HOME": "/home/u"},
+         "/home/u/.local/state/cloudscale-autoscaler"),
     ],
-    ids=["neither", "state-dir", "leader-election", "kubernetes-alone"],
+    ids=["systemd", "xdg", "home"],
 )  # fmt: skip
-def test_a_config_without_a_journal_is_warned_about(
-    fields: dict[str, object], warned: bool
-) -> None:
-    group = NodeGroupConfig("workers", 0, 3, "flex-4-2", "debian-12")
-    config = Config(cluster=CLUSTER, node_groups=(group,), **fields)  # type: ignore[arg-type]
-    assert (JOURNAL_WARNING in config_warnings(config)) is warned
+def test_the_default_place_of_the_journal(env: dict[str, str], expected: str) -> None:
+    """Without stateDir (and without a ConfigMap) the journal still has a place: a restart
+    during a scale-up must not double it in any way the provider is run."""
+    directory, why = default_directory(env)
+    assert str(directory) == expected
+    assert "stateDir" in why
 
 
 DEEP = "[" * 100_000
@@ -219,7 +212,8 @@ NESTED_ENTRY = record(creations=[json.loads("[" * 900 + "]" * 900)])
 @pytest.mark.parametrize(
     "text",
     [DEEP, '{"format": 1, "cluster": "prod", "creations": ' + DEEP, NESTED_ENTRY,
-     record(format=json.loads("[" * 900 + "]" * 900)), "\ud800", "1e999", '{"format": 1e999}', "-" * 10_000],
+     record(format=json.loads("[" * 900 + "]" * 900)), "\ud800", "1e999",
+     '{"format": 1e999}', "-" * 10_000],
     ids=["deep", "deep-creations", "deep-entry", "deep-format", "surrogate",
          "huge-number", "huge-format", "dashes"],
 )  # fmt: skip

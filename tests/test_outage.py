@@ -120,8 +120,9 @@ async def converge(s: Stack, expected: int) -> None:
 
 async def test_outage_with_creations_in_flight_converges(stack: StackFactory) -> None:
     """The API goes down while creations are in flight (slow creates): they fail or finish;
-    when it returns, target and cloud agree and no creation is left in flight."""
-    s = await stack([group("workers", 0, 10)])
+    when it returns, target and cloud agree and no creation is left in flight. One whose
+    outcome stayed unknown is counted until listed or 2 x timeoutSeconds (6 s here) pass."""
+    s = await stack([group("workers", 0, 10)], cloudscale={"timeout_seconds": 3.0})
     await s.refresh()
     await s.admin.set_faults({"latency": {"create_server": {"fixed_ms": 2500}}})
     code, _, details = await rpc(

@@ -52,7 +52,7 @@ async def test_assign(
     members: dict[str, int], placed: dict[str, int], count: int, expected: list[str]
 ) -> None:
     placement = Placement("lpg1")
-    placement.apply_listing(listed(**members))
+    placement.apply_listing(listed(**members), 0)
     slots = placement.assign(count, placed, "prod-workers")
     assert where(slots) == expected
     assert placement.count == len(members) + len({s.pending for s in slots if s.pending})
@@ -62,20 +62,45 @@ async def test_assign(
 
 async def test_full_and_deleting_groups_are_not_used_until_the_next_listing() -> None:
     placement = Placement("lpg1")
-    placement.apply_listing(listed(a=0, b=0))
+    placement.apply_listing(listed(a=0, b=0), 0)
     placement.full.add("a")
     placement.deleting.add("b")
     assert where(placement.assign(1, {}, "p")) == ["new0"]
-    placement.apply_listing(listed(a=1, b=0))  # a is listed again: usable; b still goes
+    placement.apply_listing(listed(a=1, b=0), 0)  # a is listed again: usable; b still goes
     assert where(placement.assign(1, {}, "p")) == ["a"]
 
 
 async def test_empty_groups_are_those_without_members_or_placed_creations() -> None:
     placement = Placement("lpg1")
-    placement.apply_listing(listed(a=0, b=0, c=2))
-    assert placement.empty({"b": 1}) == ["a"]
+    placement.apply_listing(listed(a=0, b=0, c=2), 0)
+    assert placement.empty({"b": 1}, now=10.0, grace=0.0) == ["a"]
     placement.deleting.add("a")
-    assert placement.empty({"b": 1}) == []
+    assert placement.empty({"b": 1}, now=10.0, grace=0.0) == []
+
+
+async def test_an_empty_group_goes_only_once_it_stayed_empty_for_the_grace() -> None:
+    """A restarted provider (or a new leader) sees a server group empty that creates sent
+    before it started may still be joining: it waits the journal's adoption bound first."""
+    placement = Placement("lpg1")
+    placement.apply_listing(listed(a=0, b=0), 0)
+    assert placement.empty({}, now=100.0, grace=60.0) == []
+    assert placement.empty({"b": 1}, now=130.0, grace=60.0) == []
+    assert placement.empty({}, now=160.0, grace=60.0) == ["a"]  # b was not empty at 130
+    assert placement.empty({}, now=190.0, grace=60.0) == ["a"]
+    assert sorted(placement.empty({}, now=220.0, grace=60.0)) == ["a", "b"]
+
+
+async def test_an_older_listing_undoes_none_of_our_own_creates_and_deletes() -> None:
+    """A listing begun before we made (or deleted) a server group does not show it (or still
+    shows it): applied over our changes since, it neither forgets nor resurrects it."""
+    placement = Placement("lpg1")
+    placement.apply_listing(listed(a=1, b=0), 5)
+    placement.made(ServerGroup("c", "c", "lpg1", ()), 7)
+    placement.gone("b", 8)
+    placement.apply_listing(listed(a=1, b=0), 6)  # begun before both
+    assert set(placement.known) == {"a", "c"}
+    placement.apply_listing(listed(a=1, c=0), 9)  # begun after both: it tells
+    assert set(placement.known) == {"a", "c"} and placement.changes == {}
 
 
 async def test_a_slot_resolves_to_the_created_group() -> None:
@@ -102,9 +127,9 @@ async def test_a_server_group_of_another_zone_is_never_assigned() -> None:
     the old zone are still listed as its own, but a create names only one of its zone (the
     API refuses a server group of another zone); the old ones stay known, to be tidied."""
     placement = Placement("rma1")
-    placement.apply_listing([*listed(a=1), ServerGroup("b", "b", "rma1", ())])
+    placement.apply_listing([*listed(a=1), ServerGroup("b", "b", "rma1", ())], 0)
     assert where(placement.assign(2, {}, "prod-workers")) == ["b", "b"]
     placement = Placement("rma1")
-    placement.apply_listing(listed(a=1))
+    placement.apply_listing(listed(a=1), 0)
     assert where(placement.assign(1, {}, "prod-workers")) == ["new0"]
     assert set(placement.known) == {"a"}

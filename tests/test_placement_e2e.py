@@ -81,7 +81,8 @@ async def test_a_new_process_fills_the_groups_it_finds(stack: StackFactory) -> N
 
 
 async def test_at_zero_the_groups_it_made_go_and_no_other(stack: StackFactory) -> None:
-    s = await stack([ANTI_AFFINE])
+    # Empty groups go after 2 x timeoutSeconds (a create of unknown outcome may still join).
+    s = await stack([ANTI_AFFINE], cloudscale={"timeout_seconds": 2.0})
     # Tagged for this cluster and group, but not made by the provider: never deleted.
     foreign = await s.admin.create_server_group("hand-made", "lpg1", group_tags("workers"))
     await s.refresh()
@@ -113,7 +114,8 @@ async def test_no_distinct_host_is_out_of_resources(stack: StackFactory) -> None
     s = await stack([ANTI_AFFINE])
     await s.admin.set_faults({"host_shortage": {"zones": ["lpg1"]}})
     await s.refresh()
-    await increase(s, 1)  # within the wait: resource refusals never fail the RPC
+    await increase(s, 1)  # resource refusals never fail the RPC, even within the wait
+    await wait_for_true(lambda: _codes(s, {"NO_DISTINCT_HOST"}))
     (info,) = await failed(s)
     assert (info.errorCode, info.instanceErrorClass) == ("NO_DISTINCT_HOST", OUT_OF_RESOURCES)
     assert "No distinct host available in zone lpg1" in info.errorMessage

@@ -221,8 +221,10 @@ async def test_a_removed_group_is_not_served_and_its_servers_are_kept(
         await call(serve, pki, "NodeGroupDeleteNodes",
                    pb.NodeGroupDeleteNodesRequest(id="workers", nodes=[node]))  # fmt: skip
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    left = {"workers": {"servers": 2, "creations_in_flight": 0, "server_groups": 0}}
+    assert (await status(serve))["unconfigured_groups"] == left  # at once, before a Refresh
     await call(serve, pki, "Refresh", pb.RefreshRequest())
-    assert (await status(serve))["unconfigured_groups"] == {"workers": 2}
+    assert (await status(serve))["unconfigured_groups"] == left
     assert len(await emulator.admin.servers()) == 2, "a reload never deletes a server"
     assert all(s["tags"][TAG_GROUP] == "workers" and s["tags"][TAG_CLUSTER] == CLUSTER
                for s in await emulator.admin.servers())  # fmt: skip

@@ -147,6 +147,11 @@ async def test_sigterm_refuses_new_creations_while_draining(
             "NodeGroupIncreaseSize",
             pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2),
         )
+
+        async def both_sent() -> bool:  # once the creation journal holds them
+            return (await emulator.admin.in_flight()).get("create_server", 0) == 2
+
+        await wait_until(both_sent, 30, "the two creates were never sent")
         serve.process.send_signal(signal.SIGTERM)
 
         async def not_serving() -> bool:

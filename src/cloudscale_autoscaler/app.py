@@ -22,7 +22,8 @@ from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.catalogue_check import online_problems
 from cloudscale_autoscaler.engine.engine import Engine
-from cloudscale_autoscaler.journal.file import FileStore
+from cloudscale_autoscaler.engine.status import RemovedGroup
+from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore, default_directory
 from cloudscale_autoscaler.observability.metrics import Metrics
 from cloudscale_autoscaler.observability.status import Status, collect, leader_status
 from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
@@ -76,11 +77,8 @@ async def build_provider(config: Config) -> Provider:
         config.cloudscale, on_request=metrics.observe_cloud_request
     )
     engine = Engine(config, client)
-    if config.state_dir is not None and not config.elects:
-        engine.use_journal(
-            FileStore(config.state_dir), f"pid {os.getpid()} on {socket.gethostname()}"
-        )
     metrics.track_groups(engine.group_stats)
+    metrics.track_removed(engine.removed_groups)
     metrics.last_refresh.set_function(lambda: engine.last_refresh_unix)
     provider = Provider(service=CloudProviderService(config, engine), metrics=metrics)
     # Read at scrape time: _connect replaces provider.serving with the Lease's gate.
@@ -110,10 +108,22 @@ async def _connect(provider: Provider, config: Config, engine: Engine) -> None:
         link = await ClusterLink.connect(config, engine, provider.metrics)
         provider.link, provider.serving = link, link.serving
         provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
+    if not engine.has_journal:
+        _use_file_journal(engine, config)
     if link is None or not link.elects:
         await engine.start()  # with leader election, the Lease holder loads it on takeover
     if link is not None:
         link.start()
+
+
+def _use_file_journal(engine: Engine, config: Config) -> None:
+    """The creation journal in a file: under stateDir, else in the default place."""
+    if config.state_dir is not None:
+        directory, why = config.state_dir, "stateDir"
+    else:
+        directory, why = default_directory(os.environ)
+    log.info("creation journal: file %s (%s)", directory / FILE_NAME, why)
+    engine.use_journal(FileStore(directory), f"pid {os.getpid()} on {socket.gethostname()}")
 
 
 # Between attempts of the start-up check while the API does not answer.
@@ -135,7 +145,13 @@ async def _check_catalogue(config: Config, cloud: Cloud, provider: Provider) -> 
                     CATALOGUE_RETRY_SECONDS,
                     error,
                 )
-            failures += 1
+        except Exception:  # a bug must not leave a standby unready for ever, unsaid
+            if not failures:
+                log.exception(
+                    "checking the config's names against the API failed (retrying every %gs)",
+                    CATALOGUE_RETRY_SECONDS,
+                )
+        failures += 1
         await asyncio.sleep(CATALOGUE_RETRY_SECONDS)
     provider.cloud_answered = True
     for problem in problems:
@@ -214,12 +230,36 @@ class Running:
     provider: Provider
     server: RunningServer
     health: HealthServer | None
+    hot: HotAnswers
     reloader: Reloader | None = None
     _reloading: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
         return self.server.port
+
+    def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
+        """Serve a reloaded config (validated): the service and engine, the transport's
+        answers and the drift check, in one synchronous stretch; whole or not at all (on a
+        failure the running config is put back the same way, and the error raised). Then the
+        removed groups send nothing more; what each still has is returned (and reported)."""
+        provider = self.provider
+        running = provider.service.engine.config
+        try:
+            removed = self._serve(config)
+        except Exception:
+            self._serve(running)
+            raise
+        provider.service.engine.stop_removed()
+        _report_removed(provider, removed)
+        return removed
+
+    def _serve(self, config: Config) -> dict[str, RemovedGroup]:
+        removed = self.provider.service.reconfigure(config)
+        self.hot.reconfigured()
+        if self.provider.link is not None:
+            self.provider.link.reconfigure(config)
+        return removed
 
     async def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
         if self._reloading is not None:  # no reload while the server drains
@@ -259,9 +299,9 @@ async def start_provider(
         _follow_deadline(provider.serving, server, hot)
         _follow_serving(provider.serving, server)
     provider.metrics.tls_expiry.set_function(lambda: server.cert_not_after() or 0.0)
-    running = Running(provider, server, None)
+    running = Running(provider, server, None, hot)
     if source is not None:
-        _reload_from(source, running, hot)
+        _reload_from(source, running)
     if config.metrics.listen is not None:
         # Imported only here: without the endpoint nothing loads aiohttp.
         from cloudscale_autoscaler.observability.endpoint import HealthServer
@@ -281,31 +321,48 @@ async def start_provider(
     return running
 
 
-def _reload_from(source: ConfigFile, running: Running, hot: HotAnswers) -> None:
+def _reload_from(source: ConfigFile, running: Running) -> None:
     """Reload `source` while serving: checked like `check-config --online`, applied to the
     service and engine, the transport's answers and the drift check (reload/)."""
     provider = running.provider
-    cloud = provider.service.engine.cloud
+    engine = provider.service.engine
 
     async def online_check(config: Config) -> list[str]:
-        return await online_problems(config.node_groups, cloud)
+        return await online_problems(config.node_groups, engine.cloud)
 
-    async def apply(config: Config) -> dict[str, int]:
-        removed = await provider.service.reconfigure(config)
-        hot.reconfigured()
-        if provider.link is not None:
-            provider.link.reconfigure(config)
-        return removed
+    async def apply(config: Config) -> None:
+        running.reconfigure(config)
+        try:
+            await engine.warm_templates()  # applied already; templates are built on demand too
+        except Exception:
+            log.exception("config reload: building the new templates failed")
 
-    reloader = Reloader(source, provider.service.engine.config, online_check, apply)
+    reloader = Reloader(source, engine.config, online_check, apply)
     metrics = provider.metrics
     metrics.config_reload_success.set_function(lambda: float(reloader.status.ok is not False))
     metrics.config_loaded.set_function(lambda: reloader.status.loaded_unix)
+    metrics.track_reloads(lambda: reloader.counts)
     if provider.link is not None:
         reloader.on_refused.append(provider.link.events.config_refused)
-        reloader.on_removed.append(provider.link.events.groups_removed)
     running.reloader = reloader
     running._reloading = asyncio.create_task(reloader.run())
+
+
+def _report_removed(provider: Provider, removed: dict[str, RemovedGroup]) -> None:
+    """A log line and an Event per group a reload removed, saying what it still has."""
+    for name, left in removed.items():
+        log.warning(
+            "config reload: node group %s is no longer configured: not served any more, and "
+            "what it has is kept (a reload never deletes a server): %d server(s), %d create(s) "
+            "sent before the reload, %d managed server group(s); delete them yourself, or "
+            "configure the group again (/status unconfigured_groups lists them until gone)",
+            name,
+            left.servers,
+            left.creations_in_flight,
+            left.server_groups,
+        )
+    if removed and provider.link is not None:
+        provider.link.events.groups_removed(removed)
 
 
 def status_of(running: Running) -> Status:
@@ -322,7 +379,7 @@ def status_of(running: Running) -> Status:
         server.cert_not_after(),
         server.rpc_readings(),
         running.reloader.status if running.reloader is not None else None,
-        engine.unconfigured_servers(),
+        engine.removed_groups(),
     )
 
 

@@ -12,6 +12,10 @@ Reliability rules, in short:
   such a create is looked for until it appears or the retries run out, never sent again.
 - Every HTTP attempt passes the optional client-side token bucket; creates and deletes also
   hold a slot of a global concurrency bound for their whole duration.
+- Every HTTP attempt is abandoned `timeout_seconds` after it began, whatever phase it is in
+  (httpx's own timeouts are per phase), and a create's fence is asked right before each of its
+  attempts: so no create request of a replica leaves later than `timeout_seconds` after its
+  fence closed (docs/deployment.md derives the journal's adoption bound from this).
 - The token only ever lives in the Authorization header; error texts are redacted.
 """
 
@@ -32,7 +36,13 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from cloudscale_autoscaler import __version__
-from cloudscale_autoscaler.cloud.errors import CloudError, NotFoundError, UnavailableError
+from cloudscale_autoscaler.cloud.errors import (
+    CloudError,
+    FencedError,
+    NotFoundError,
+    OutcomeUnknownError,
+    UnavailableError,
+)
 from cloudscale_autoscaler.cloud.httperrors import error_from_response, redact
 from cloudscale_autoscaler.cloud.models import (
     TAG_CLUSTER,
@@ -58,6 +68,7 @@ from cloudscale_autoscaler.cloud.parse import (
     parse_server_groups,
     parse_subnets,
 )
+from cloudscale_autoscaler.cloud.protocol import Fence
 from cloudscale_autoscaler.cloud.ratelimit import (
     ConcurrencyLimit,
     TokenBucket,
@@ -205,6 +216,7 @@ class CloudscaleClient:
             backoff_base,
         )
         self.url = url.rstrip("/")
+        self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.max_delay_seconds = MAX_DELAY_SECONDS
@@ -282,10 +294,10 @@ class CloudscaleClient:
         servers = self._decode_servers(response, operation)
         return _of_cluster(servers, cluster, "servers")
 
-    async def create_server(self, spec: ServerSpec) -> Server:
+    async def create_server(self, spec: ServerSpec, fence: Fence | None = None) -> Server:
         body = self._create_body(spec)
         async with self.mutations:
-            return await self._create(body, _SERVERS)
+            return await self._create(body, _SERVERS, fence)
 
     async def set_tags(self, uuid: str, tags: dict[str, str]) -> None:
         if not uuid:
@@ -322,7 +334,9 @@ class CloudscaleClient:
         groups = self._decode(response, operation, parse_server_groups)
         return _of_cluster(groups, cluster, "server groups")
 
-    async def create_server_group(self, name: str, zone: str, tags: dict[str, str]) -> ServerGroup:
+    async def create_server_group(
+        self, name: str, zone: str, tags: dict[str, str], fence: Fence | None = None
+    ) -> ServerGroup:
         if not name:
             raise ValueError("name: expected a non-empty server group name")
         if not zone:
@@ -333,7 +347,7 @@ class CloudscaleClient:
             tags[TAG_REQUEST] = uuidlib.uuid4().hex
         body = {"name": name, "type": SERVER_GROUP_TYPE, "zone": zone, "tags": tags}
         async with self.mutations:
-            return await self._create(body, _SERVER_GROUPS)
+            return await self._create(body, _SERVER_GROUPS, fence)
 
     async def delete_server_group(self, uuid: str) -> None:
         if not uuid:
@@ -425,10 +439,13 @@ class CloudscaleClient:
             body["user_data"] = spec.user_data
         return body
 
-    async def _create(self, body: dict[str, Any], kind: _Creatable[Made]) -> Made:
+    async def _create(
+        self, body: dict[str, Any], kind: _Creatable[Made], fence: Fence | None
+    ) -> Made:
         request_id: str = body["tags"][TAG_REQUEST]
         unsure = False  # an earlier attempt may have created it
         in_doubt = False  # ... or may still be creating it: a lookup that misses it proves nothing
+        error: CloudError | None = None
         retry = 0
         while True:
             if unsure:
@@ -441,6 +458,9 @@ class CloudscaleClient:
                     unsure = False  # proven absent: re-sending cannot duplicate
             retry_after: float | None = None
             if not unsure:
+                refusal = fence() if fence is not None else None
+                if refusal is not None:
+                    raise self._fenced(body, kind, refusal)
                 result = await self._send_create(body, kind)
                 if not isinstance(result, tuple):
                     return result
@@ -449,6 +469,7 @@ class CloudscaleClient:
                     raise error
                 unsure = outcome in (_Outcome.UNSURE, _Outcome.IN_DOUBT)
                 in_doubt = outcome is _Outcome.IN_DOUBT
+            assert error is not None
             if retry >= self.max_retries:
                 if unsure:
                     # Out of retries, but one last look can still turn a lost response
@@ -534,13 +555,20 @@ class CloudscaleClient:
     @staticmethod
     def _outcome_unknown(
         body: dict[str, Any], error: CloudError, kind: _Creatable[Made]
-    ) -> UnavailableError:
-        return UnavailableError(
+    ) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
             f"create of {body['name']}: outcome unknown, the {kind.what} may exist with tag "
             f"{TAG_REQUEST}={body['tags'][TAG_REQUEST]}; last error: {error.message}",
             error.status,
             kind.operation,
         )
+
+    @staticmethod
+    def _fenced(body: dict[str, Any], kind: _Creatable[Made], refusal: str) -> FencedError:
+        """The fence closed before an attempt. Attempts are only made when no earlier one can
+        have created anything (the first, one refused, or one a lookup proved absent), so
+        nothing was created and nothing more is sent."""
+        return FencedError(f"create of {body['name']}: not sent: {refusal}", None, kind.operation)
 
     # ---- the request machinery ----------------------------------------------------------
 
@@ -591,7 +619,13 @@ class CloudscaleClient:
             await self.rate_limiter.acquire()
         started = time.monotonic()
         try:
-            response = await self._http.request(method, path, params=params, json=json_body)
+            async with asyncio.timeout(self.timeout_seconds):
+                response = await self._http.request(method, path, params=params, json=json_body)
+        except TimeoutError:
+            self._observe(operation, "error", time.monotonic() - started)
+            raise httpx.TimeoutException(
+                f"no complete answer within {self.timeout_seconds:g}s"
+            ) from None
         except httpx.RequestError:
             self._observe(operation, "error", time.monotonic() - started)
             raise

@@ -59,6 +59,19 @@ class UnavailableError(CloudError):
     code = "CLOUD_UNAVAILABLE"
 
 
+class OutcomeUnknownError(UnavailableError):
+    """A create was sent and no answer, lookup or retry could tell whether the API carried it
+    out: the object may still appear, carrying the create's request tag."""
+
+    code = "CREATE_OUTCOME_UNKNOWN"
+
+
+class FencedError(CloudError):
+    """A create was not sent: this replica may no longer send creates (its Lease lapsed)."""
+
+    code = "NOT_LEADING"
+
+
 class ServerGroupFullError(CloudError):
     """The server group named in a create already holds the most servers it may."""
 

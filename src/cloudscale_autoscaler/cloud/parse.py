@@ -169,7 +169,7 @@ def _number(raw: dict[str, Any], key: str, what: str, operation: str) -> float:
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise _malformed(what, f"{key} must be a finite number, got {str(value):.80}", operation)
+        raise _malformed(what, f"{key} must be a finite number, got {value!s:.80}", operation)
     return number
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from cloudscale_autoscaler.cloud.errors import CloudError
@@ -16,14 +17,20 @@ from cloudscale_autoscaler.cloud.models import (
     Subnet,
 )
 
+# Asked right before each attempt to send a create: None while this process may send one,
+# else why not (leader election: the Lease lapsed). A create is never sent once it refuses.
+Fence = Callable[[], str | None]
+
 
 class Cloud(Protocol):
     async def list_servers(self, cluster: str) -> list[Server]:
         """Servers tagged k8s-cluster=<cluster> (filtered server-side, checked client-side)."""
         ...
 
-    async def create_server(self, spec: ServerSpec) -> Server:
-        """Create one server with spec.tags in the create request. Never leaves a duplicate."""
+    async def create_server(self, spec: ServerSpec, fence: Fence | None = None) -> Server:
+        """Create one server with spec.tags in the create request. Never leaves a duplicate.
+        FencedError when `fence` refused before anything was sent, OutcomeUnknownError when
+        the server may exist or still appear."""
         ...
 
     async def set_tags(self, uuid: str, tags: dict[str, str]) -> None:
@@ -39,8 +46,11 @@ class Cloud(Protocol):
         client-side), with their members."""
         ...
 
-    async def create_server_group(self, name: str, zone: str, tags: dict[str, str]) -> ServerGroup:
-        """Create an anti-affinity server group in `zone` carrying `tags`."""
+    async def create_server_group(
+        self, name: str, zone: str, tags: dict[str, str], fence: Fence | None = None
+    ) -> ServerGroup:
+        """Create an anti-affinity server group in `zone` carrying `tags` (`fence` as for
+        create_server)."""
         ...
 
     async def delete_server_group(self, uuid: str) -> None:

@@ -29,6 +29,7 @@ from cloudscale_autoscaler.engine.catalogue_check import (
     networks_to_check,
 )
 from cloudscale_autoscaler.journal.file import FILE_NAME as JOURNAL_FILE
+from cloudscale_autoscaler.journal.file import default_directory
 from cloudscale_autoscaler.observability.logs import to_stderr
 
 log = logging.getLogger(__name__)
@@ -161,13 +162,21 @@ def summary(config: Config) -> str:
 
 
 def _journal_line(config: Config) -> str:
-    if config.kubernetes is not None and config.elects:
-        election = config.kubernetes.leader_election
-        namespace = election.namespace or "<pod namespace>"
-        return f"ConfigMap {namespace}/{election.journal_name} (leader election)"
+    file = _journal_file(config)
+    if config.kubernetes is None:
+        return file
+    election = config.kubernetes.leader_election
+    if election.namespace is not None:
+        return f"ConfigMap {election.namespace}/{election.journal_name}"
+    configmap = f"ConfigMap <pod namespace>/{election.journal_name}"
+    return configmap if config.elects else f"{configmap} (outside a Pod: {file})"
+
+
+def _journal_file(config: Config) -> str:
     if config.state_dir is not None:
-        return f"file {config.state_dir / JOURNAL_FILE}"
-    return "none (creates in flight are recorded nowhere)"
+        return f"file {config.state_dir / JOURNAL_FILE} (stateDir)"
+    directory, why = default_directory(os.environ)
+    return f"file {directory / JOURNAL_FILE} ({why})"
 
 
 async def _fetch_online(

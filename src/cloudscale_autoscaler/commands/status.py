@@ -196,11 +196,12 @@ def _config_lines(config: dict[str, Any] | None, now: float) -> list[str]:
     return [loaded, *refused, *(f"  {error}" for error in config["errors"])]
 
 
-def _unconfigured_lines(groups: dict[str, int]) -> list[str]:
+def _unconfigured_lines(groups: dict[str, dict[str, int]]) -> list[str]:
     return [
-        f"unconfigured group {name}: {count} server(s) kept, not served (no such node group "
-        "is configured)"
-        for name, count in sorted(groups.items())
+        f"unconfigured group {name}: {left['servers']} server(s), "
+        f"{left['creations_in_flight']} create(s) in flight, {left['server_groups']} managed "
+        "server group(s) kept, not served (no such node group is configured)"
+        for name, left in sorted(groups.items())
     ]
 
 

@@ -17,17 +17,7 @@ def config_warnings(config: Config) -> list[str]:
     options = [g.name for g in config.node_groups if g.autoscaling_options is not None]
     if options:
         warnings.append(options_warning(options))
-    if config.state_dir is None and not config.elects:
-        warnings.append(JOURNAL_WARNING)
     return warnings
-
-
-JOURNAL_WARNING = (
-    "no stateDir and no leader election: creates in flight are recorded nowhere, so a "
-    "provider restarted during a scale-up answers CA a target without them and CA plans the "
-    "same scale-up again (past maxSize at worst); set stateDir to a directory that survives "
-    "a restart (docs/configuration.md, stateDir)"
-)
 
 
 def options_warning(groups: list[str]) -> str:

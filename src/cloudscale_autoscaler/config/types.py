@@ -229,7 +229,8 @@ class Config:
     pricing: PricingConfig | None = None
     # None: no Kubernetes API connection (no drift checks, no leader election).
     kubernetes: KubernetesConfig | None = None
-    # Where the creation journal lives without leader election (a file in it); None: nowhere.
+    # Where the creation journal's file lives when it is not a ConfigMap (no `kubernetes`
+    # section, or no namespace known); None: the default place (journal/file.py).
     state_dir: Path | None = None
 
     @property

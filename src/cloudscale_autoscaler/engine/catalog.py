@@ -77,11 +77,14 @@ class Catalog:
             with contextlib.suppress(EngineError):
                 await self.template(group)
 
-    async def reconfigure(self, config: Config) -> None:
-        """Templates from a reloaded config: all built again (a new mapping, so the
-        transport's answers are replaced) from the flavors already fetched."""
+    def reconfigure(self, config: Config) -> None:
+        """Templates from a reloaded config: dropped (a new mapping, so the transport's
+        answers are replaced), built again by `warm` or on demand."""
         self._config = config
         self._templates = {}
+
+    async def warm(self) -> None:
+        """Build the templates from the flavors already fetched (after a reload)."""
         if self._flavors is not None or self._failure is not None:
             await self._build_all()
 

@@ -19,7 +19,17 @@ Design decisions:
   deletes a server (CA deletes nodes through DeleteNodes).
 - With a creation journal, a batch's creates are recorded before the first is sent; if the
   record cannot be written, none is sent and each fails like a create the API refused
-  (transient: IncreaseSize answers UNAVAILABLE within its wait, a placeholder after it).
+  (transient: IncreaseSize answers UNAVAILABLE within its wait, a placeholder after it). A
+  create into a managed server group still being made is recorded again, naming it, before
+  it is sent.
+- A create is sent only while the engine's fence allows it (leader election: this replica
+  holds the Lease), asked before each attempt; one refused so is a failed creation.
+- A create whose outcome stays unknown (sent, never answered, not found by its request tag)
+  is neither a success nor a failure: it stays counted, and in the journal, as a create an
+  earlier process recorded is, until a listing shows it or the bound passes.
+- Everything an IncreaseSize reads before its last await (the group, its config, the
+  networks) is read again after it: a reload meanwhile may have changed or removed the group.
+  A group a reload removed sends nothing more: its queued creates are cancelled (`retire`).
 """
 
 from __future__ import annotations
@@ -29,9 +39,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from cloudscale_autoscaler.cloud.errors import CloudError
+from cloudscale_autoscaler.cloud.errors import CloudError, OutcomeUnknownError
 from cloudscale_autoscaler.cloud.models import TAG_REQUEST, InterfaceRequest, Server, ServerSpec
-from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
 from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import names, refusals, spec
 from cloudscale_autoscaler.engine.background import Background
@@ -53,6 +63,9 @@ from cloudscale_autoscaler.template.userdata import UserDataError
 
 log = logging.getLogger(__name__)
 
+# How often an IncreaseSize prepares again when a reload changes its group meanwhile.
+PREPARE_ATTEMPTS = 3
+
 
 class Creations:
     def __init__(
@@ -64,8 +77,10 @@ class Creations:
         catalog: Catalog,
         observer: Observer,
         clock: Callable[[], float],
+        fence: Fence,
     ) -> None:
         self._config = config
+        self._fence = fence
         self._cloud = cloud
         self._inventory = inventory
         self._background = background
@@ -82,7 +97,7 @@ class Creations:
     # --- NodeGroupIncreaseSize ------------------------------------------------------------
 
     async def increase_size(self, name: str, delta: int) -> None:
-        group = self._inventory.group(name)
+        self._inventory.group(name)
         if delta <= 0:
             raise InvalidArgument(f"delta must be positive, got {delta}")
         if self._background.closing:
@@ -95,8 +110,7 @@ class Creations:
                 f"IncreaseSize {name}: {API_UNREACHABLE} (the last listing failed: "
                 f"{self._inventory.api_down}); not creating servers, target size unchanged"
             )
-        interfaces = await self._networks.interfaces(group.config)
-        await self._catalog.ensure()  # the flavor decides labels and refusals below
+        group, interfaces = await self._prepared(name)
         # From here to the spawns there is no await: the max check and the bump are atomic.
         problem = self._catalog.creation_problem(group.config)
         if problem is not None:
@@ -120,6 +134,21 @@ class Creations:
             "group %s: creating %d server(s), target %d -> %d", name, delta, target, target + delta
         )
         await self._verdict(group, batch)
+
+    async def _prepared(self, name: str) -> tuple[GroupState, tuple[InterfaceRequest, ...] | None]:
+        """The group as configured now, with its create request's interfaces and the flavor
+        list at hand; read again while a reload changes the group during the awaits."""
+        for _ in range(PREPARE_ATTEMPTS):
+            group = self._inventory.group(name)  # NOT_FOUND once a reload removed it
+            config = group.config
+            interfaces = await self._networks.interfaces(config)
+            await self._catalog.ensure()  # the flavor decides labels and refusals
+            if self._inventory.groups.get(name) is group and group.config is config:
+                return group, interfaces
+        raise CloudUnavailable(
+            f"IncreaseSize {name}: the node group's config kept changing (reloads) while its "
+            "creates were prepared; target size unchanged"
+        )
 
     def _new_specs(
         self,
@@ -186,18 +215,26 @@ class Creations:
     async def _create(self, group: GroupState, creation: Creation, server_spec: ServerSpec) -> None:
         if not await self._recorded(group, creation):
             return
+        joins_new_group = creation.slot is not None and creation.slot.uuid is None
         try:
             server_spec = await self._into_server_group(creation, server_spec)
         except CloudError as error:  # its server group could not be created
             if group.creations.get(creation.request_id) is creation:
                 self._creation_failed(group, creation, error)
             return
+        # The journal must name the server group before the create goes out (a successor
+        # counts it there); a no-op when the batch's write named it already.
+        if joins_new_group and not await self._recorded(group, creation, again=True):
+            return
         async with self._create_slots:
             if group.creations.get(creation.request_id) is not creation:
                 return  # cancelled, or already listed, while it waited for a slot
             creation.state = CreationState.SENDING
             try:
-                server = await self._cloud.create_server(server_spec)
+                server = await self._cloud.create_server(server_spec, self._fence)
+            except OutcomeUnknownError as error:
+                self._creation_in_doubt(group, creation, error)
+                return
             except CloudError as error:
                 if creation.slot is not None and group.placement is not None:
                     self._inventory.server_groups.refused(group.placement, creation.slot, error)
@@ -217,13 +254,17 @@ class Creations:
             return server_spec
         return replace(server_spec, server_groups=(await creation.slot.resolve(),))
 
-    async def _recorded(self, group: GroupState, creation: Creation) -> bool:
-        """Whether the journal holds the creation's batch (or there is no journal)."""
+    async def _recorded(
+        self, group: GroupState, creation: Creation, *, again: bool = False
+    ) -> bool:
+        """Whether the journal holds the creation's batch (or there is no journal); `again`:
+        whether it holds the creation as it is now (written again if need be)."""
         recorded = creation.batch.recorded
-        if recorded is None:
+        journal = self._inventory.journal
+        if recorded is None or journal is None:
             return True
         try:
-            await asyncio.shield(recorded)
+            await (journal.persist() if again else asyncio.shield(recorded))
         except JournalError as error:
             if group.creations.get(creation.request_id) is creation:
                 failure = CloudError(
@@ -243,11 +284,39 @@ class Creations:
         creation.uuid = server.uuid
         creation.acked_tick = self._inventory.tick()
         creation.state = CreationState.ACKED
+        creation.expires = None
+        if not self._inventory.serves(group):
+            log.warning(
+                "node group %s (removed by a reload): its create sent before the reload made "
+                "server %s (%s): kept, not served, reported under unconfigured_groups",
+                group.name,
+                server.name,
+                server.uuid,
+            )
+            self._inventory.journal_changed()
+            return
         self._inventory.index(format_provider_id(server.uuid), group)
         if server.uuid in group.servers:
             del group.creations[creation.request_id]
         self._inventory.journal_changed()  # the API has it: listings will show it
         log.info("group %s: created server %s (%s)", group.name, server.name, server.uuid)
+
+    def _creation_in_doubt(
+        self, group: GroupState, creation: Creation, error: OutcomeUnknownError
+    ) -> None:
+        """Sent, and nobody can tell whether the API carried it out: counted (and kept in the
+        journal) until a listing shows it or the bound passes, as an adopted create is."""
+        creation.batch.in_doubt += 1
+        creation.batch.record()
+        if group.creations.get(creation.request_id) is not creation:
+            return  # a listing already found it by its request tag
+        creation.expires = self._clock() + self._inventory.adopted_bound
+        log.warning(
+            "group %s: %s; counted until a listing shows it, for %gs at most",
+            group.name,
+            error,
+            self._inventory.adopted_bound,
+        )
 
     def _creation_failed(self, group: GroupState, creation: Creation, error: CloudError) -> None:
         batch = creation.batch
@@ -255,6 +324,17 @@ class Creations:
             # A listing already showed the server under its request tag: it exists after all.
             batch.successes += 1
             batch.record()
+            return
+        if not self._inventory.serves(group):
+            log.warning(
+                "node group %s (removed by a reload): creating %s failed: %s",
+                group.name,
+                creation.name,
+                error,
+            )
+            batch.failures += 1
+            batch.record()
+            self._inventory.journal_changed()
             return
         self._record_failure(group, creation, error)
         self._inventory.journal_changed()
@@ -309,12 +389,23 @@ class Creations:
         creation.batch.record()
         self._inventory.journal_changed()
 
-    # --- shutdown, leadership lost --------------------------------------------------------
+    # --- shutdown, leadership lost, groups removed -----------------------------------------
+
+    def retire(self, groups: list[GroupState], why: str) -> None:
+        """Groups a reload removed: their creates not sent yet are cancelled and their
+        placeholders dropped (nobody serves them any more); those sent are still tracked."""
+        for group in groups:
+            for ident in list(group.placeholders):
+                group.remove_placeholder(ident)
+        self._drop(groups, why)
 
     def drop_queued(self, why: str) -> None:
         """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the
         next leader counts only servers that exist), saying per group how many."""
-        for group in self._inventory.groups.values():
+        self._drop([*self._inventory.groups.values(), *self._inventory.retired.values()], why)
+
+    def _drop(self, groups: list[GroupState], why: str) -> None:
+        for group in groups:
             _, queued = group.cancellable()
             for creation in queued:
                 self._cancel(group, creation)

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
 from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import options
 from cloudscale_autoscaler.engine.background import Background
@@ -36,8 +36,14 @@ from cloudscale_autoscaler.engine.group import NodeRef
 from cloudscale_autoscaler.engine.inventory import Inventory, api_problem
 from cloudscale_autoscaler.engine.observer import Observer
 from cloudscale_autoscaler.engine.pricing import Pricer
-from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, group_status
+from cloudscale_autoscaler.engine.status import (
+    GroupStatus,
+    RefreshOutcome,
+    RemovedGroup,
+    group_status,
+)
 from cloudscale_autoscaler.journal.store import JournalStore
+from cloudscale_autoscaler.journal.writer import unfenced
 from cloudscale_autoscaler.observability.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -57,13 +63,21 @@ class Engine:
     ) -> None:
         self.config = config
         self._cloud = cloud
+        self._fence: Fence = unfenced
         self._background = Background()
-        self._inventory = Inventory(config, cloud, self._background, clock)
+        self._inventory = Inventory(config, cloud, self._background, clock, self.fenced)
         self._catalog = Catalog(config, cloud)
         # Failed creations and deletions as they happen, for whoever subscribes.
         self.observer = Observer()
         self._creations = Creations(
-            config, cloud, self._inventory, self._background, self._catalog, self.observer, clock
+            config,
+            cloud,
+            self._inventory,
+            self._background,
+            self._catalog,
+            self.observer,
+            clock,
+            self.fenced,
         )
         self._deletions = Deletions(cloud, self._inventory, self._background, self.observer)
         # None without `pricing`: the pricing RPCs then answer UNIMPLEMENTED.
@@ -85,20 +99,47 @@ class Engine:
             return None
         return Pricer(config, config.pricing, self._catalog, self._inventory.group_name_of)
 
-    async def reconfigure(self, config: Config) -> dict[str, int]:
+    def fenced(self) -> str | None:
+        """None while this process may send creates (and write the creation journal), else
+        why not: the fence `use_fence` set, asked right before each attempt to send."""
+        return self._fence()
+
+    def use_fence(self, fence: Fence) -> None:
+        """Leader election: creates and journal writes only while `fence` allows them."""
+        self._fence = fence
+
+    def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
         """Serve a reloaded config (validated, same cluster and process settings) from now on:
-        the groups, their sizes, templates and create settings, prices, options. Returns the
-        groups it removed with the servers each had (they stay: a reload never deletes a
-        server). Everything
-        but the templates changes in one synchronous stretch; the templates follow from the
-        flavors already fetched."""
-        self.config = config
+        the groups, their sizes, templates and create settings, prices, options, all in one
+        synchronous stretch (templates are built again by `warm_templates`, or on demand).
+        Returns what each group it removed still has (kept: a reload never deletes a
+        server); `stop_removed` then cancels their creates not yet sent."""
+        pricing = self._pricer(config)
         removed = self._inventory.reconfigure(config)
+        self.config = config
         self._creations.reconfigure(config)
-        self.pricing = self._pricer(config)
+        self.pricing = pricing
         self._options.clear()
-        await self._catalog.reconfigure(config)
-        return removed
+        self._catalog.reconfigure(config)
+        report = self._inventory.removed_groups()
+        empty = RemovedGroup(0, 0, 0)
+        return {group.name: report.get(group.name, empty) for group in removed}
+
+    def stop_removed(self) -> None:
+        """Send nothing more for the groups reloads removed: cancel their creates not sent
+        yet, drop their placeholders (the reload's last step, once it was applied whole)."""
+        self._creations.retire(
+            list(self._inventory.retired.values()), "its node group was removed by a reload"
+        )
+
+    async def warm_templates(self) -> None:
+        """Build the templates of the running config from the flavors fetched already."""
+        await self._catalog.warm()
+
+    def removed_groups(self) -> dict[str, RemovedGroup]:
+        """What is left of node groups no longer (or never) configured, by name: kept, not
+        served, reported until gone."""
+        return self._inventory.removed_groups()
 
     @property
     def on_change(self) -> Callable[[], None]:
@@ -137,6 +178,10 @@ class Engine:
         """Cancel creations not sent to the cloud yet (shutdown, or leadership lost: the
         next leader counts only servers that exist), saying per group how many."""
         self._creations.drop_queued(why)
+
+    @property
+    def has_journal(self) -> bool:
+        return self._inventory.journal is not None
 
     def use_journal(self, store: JournalStore, holder: str) -> None:
         """Record creates in `store` before they are sent, and count what an earlier process
@@ -181,6 +226,7 @@ class Engine:
         await self._catalog.refresh()
         for group in self._inventory.groups.values():
             self._inventory.expire(group)
+        self._inventory.expire_retired()
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -189,10 +235,6 @@ class Engine:
 
     def provider_index(self) -> Mapping[str, pb.NodeGroupForNodeResponse]:
         return self._inventory.provider_index()
-
-    def unconfigured_servers(self) -> dict[str, int]:
-        """Listed servers per group tag that no configured group has (a removed group)."""
-        return dict(self._inventory.unconfigured)
 
     def settled_targets(self) -> dict[str, int]:
         return self._inventory.settled_targets()

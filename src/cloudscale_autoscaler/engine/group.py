@@ -24,7 +24,7 @@ from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST, Server
 from cloudscale_autoscaler.config.types import NodeGroupConfig
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
-from cloudscale_autoscaler.engine.placement import Placed, Placement
+from cloudscale_autoscaler.engine.placement import Placed, Placement, Slot
 from cloudscale_autoscaler.engine.providerid import (
     parse_placeholder_id,
     parse_server_uuid,
@@ -36,6 +36,7 @@ from cloudscale_autoscaler.engine.records import (
     Placeholder,
     Recent,
 )
+from cloudscale_autoscaler.journal.entries import Entry
 from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -245,25 +246,44 @@ class GroupState:
         return self.placement.placed(slots)
 
     def has_unconfirmed(self) -> bool:
-        """Whether creates an earlier process recorded are still counted, unlisted."""
+        """Whether creates of unknown outcome (an earlier process's, or unanswered) are still
+        counted, unlisted."""
         return any(c.expires is not None for c in self.creations.values())
 
-    # --- creates an earlier process recorded ---------------------------------------------------
+    def journal_entries(self) -> Iterator[Entry]:
+        """What the creation journal must hold for this group: every create the API has not
+        answered (queued, sent, or of unknown outcome), with its server group if known."""
+        for creation in self.creations.values():
+            if creation.uuid is None:
+                target = creation.slot.target if creation.slot is not None else None
+                server_group = target if isinstance(target, str) else None
+                yield Entry(
+                    creation.request_id,
+                    self.name,
+                    creation.name,
+                    creation.recorded_at,
+                    server_group,
+                )
+
+    # --- creates of unknown outcome ------------------------------------------------------------
 
     def listed_requests(self) -> set[str]:
         return {rid for server in self.servers.values() if (rid := server.tags.get(TAG_REQUEST))}
 
-    def adopt(self, request_id: str, name: str, recorded_at: str, expires: float) -> None:
+    def adopt(self, entry: Entry, expires: float) -> None:
         """Count a create that an earlier process recorded and sent (or was about to send)
-        until a listing shows its request tag or `expires` passes; the caller checked that it
-        is neither listed nor known here."""
-        creation = Creation(request_id, name, Batch(1), CreationState.SENDING)
-        creation.recorded_at, creation.expires = recorded_at, expires
-        self.creations[request_id] = creation
-        self.issued.add(request_id)  # ours, though another process sent it
+        until a listing shows its request tag or `expires` passes, in the server group it
+        named; the caller checked that it is neither listed nor known here."""
+        creation = Creation(entry.request, entry.name, Batch(1), CreationState.SENDING)
+        creation.recorded_at, creation.expires = entry.at, expires
+        if entry.server_group is not None and self.placement is not None:
+            creation.slot = Slot(uuid=entry.server_group)
+        self.creations[entry.request] = creation
+        self.issued.add(entry.request)  # ours, though another process sent it
 
-    def expire_adopted(self, now: float) -> list[Creation]:
-        """Adopted creates no listing showed within their bound, dropped from the count."""
+    def expire_unconfirmed(self, now: float) -> list[Creation]:
+        """Creates of unknown outcome no listing showed within their bound, dropped from the
+        count."""
         expired = [
             c
             for c in self.creations.values()

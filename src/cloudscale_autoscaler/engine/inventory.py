@@ -1,11 +1,13 @@
 """The inventory: the cluster's servers as the cloud lists them, per node group, and the
 reads over it (Refresh's listing, NodeGroupForNode, NodeGroupTargetSize, NodeGroupNodes).
 
-Owns the node groups (fixed at start; creations.py and deletions.py change their creations,
-placeholders and deletions), the engine tick, which listing the inventory comes from and
-whether it is stale, why the API was last unreachable, and NodeGroupForNode's index
-(creations.py adds to it between rebuilds). Runs on the asyncio loop only: a listing is
-applied, and the index rebuilt, without an await in between.
+Owns the node groups (a reload replaces the config's; creations.py and deletions.py change
+their creations, placeholders and deletions), the groups a reload removed while creates of
+theirs were in flight (`retired`: still tracked and reported, never served), the engine tick,
+which listing the inventory comes from and whether it is stale, why the API was last
+unreachable, and NodeGroupForNode's index (creations.py adds to it between rebuilds). Runs
+on the asyncio loop only: a listing is applied, and the index rebuilt, without an await in
+between.
 
 Design decisions (see group.py for how target size is counted):
 - Refresh lists `tag:k8s-cluster=<cluster>` once and replaces the inventory. Listings carry
@@ -17,8 +19,12 @@ Design decisions (see group.py for how target size is counted):
 - With a creation journal, the first listing of a process (and of each leadership) comes
   after the journal is claimed: creates an earlier process recorded and no listing shows are
   adopted and counted until listed, or until ADOPTED_BOUND_FACTOR x cloudscale.timeoutSeconds
-  pass; then they become failed placeholders like any create that failed. No listing is
-  applied while the journal cannot be read: a target without them could double a scale-up.
+  pass; then they become failed placeholders like any create that failed. A create of this
+  process whose outcome is unknown (sent, never answered) is counted the same way. No listing
+  is applied while the journal cannot be read: a target without them could double a scale-up.
+- A group a reload removes is never served again, and nothing more of it is sent (its queued
+  creates are cancelled, creations.py). Its servers are kept; they, its creates still in
+  flight and its managed server groups are reported (`removed_groups`) until none is left.
 """
 
 from __future__ import annotations
@@ -35,19 +41,26 @@ from cloudscale_autoscaler.cloud.errors import (
     RateLimitedError,
     UnavailableError,
 )
-from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, Server, ServerGroup
-from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.cloud.models import (
+    TAG_CLUSTER,
+    TAG_GROUP,
+    TAG_MANAGED,
+    Server,
+    ServerGroup,
+)
+from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
 from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, GroupNotFound
 from cloudscale_autoscaler.engine.group import GroupState
-from cloudscale_autoscaler.engine.placement import ServerGroups, managed_by
+from cloudscale_autoscaler.engine.placement import MANAGED, ServerGroups
 from cloudscale_autoscaler.engine.providerid import (
     format_provider_id,
     parse_server_uuid,
     placeholder_provider_id,
 )
 from cloudscale_autoscaler.engine.records import ERROR_CLASS_OTHER, Creation, Placeholder
+from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.journal.entries import Entry
 from cloudscale_autoscaler.journal.store import JournalError, JournalStore
 from cloudscale_autoscaler.journal.writer import Journal
@@ -59,8 +72,12 @@ log = logging.getLogger(__name__)
 
 NOT_MANAGED = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup())
 API_UNREACHABLE = "the cloudscale.ch API is unreachable"
-# An adopted create is counted for this many client timeouts: the process that sent it gave
-# up on its answer after one timeout at most, and the API answers well within another.
+# A create of unknown outcome (adopted from the journal, or unanswered) is counted for this
+# many client timeouts (cloudscale.timeoutSeconds, T). No attempt of a create starts once its
+# sender's fence closed (its Lease lapsed before a successor could take it over, or its
+# process died), and every attempt is abandoned T after it began: so T after the successor
+# claimed the journal no request of the old holder is still under way, and the API carries out
+# one it received within the T it was given to answer (docs/deployment.md).
 ADOPTED_BOUND_FACTOR = 2
 UNCONFIRMED = "CREATE_UNCONFIRMED"
 
@@ -72,16 +89,23 @@ class Inventory:
         cloud: Cloud,
         background: Background,
         clock: Callable[[], float],
+        fence: Fence,
     ) -> None:
         self._config = config
         self._cloud = cloud
         self._background = background
         self._clock = clock
+        self._fence = fence
         self.groups = {group.name: GroupState(group) for group in config.node_groups}
+        # Groups a reload removed while creates of theirs were in flight, by name.
+        self.retired: dict[str, GroupState] = {}
         self.journal: Journal | None = None
         self._claiming: asyncio.Task[None] | None = None
-        self.server_groups = ServerGroups(cloud, background, config.cluster)
         self._ticks = itertools.count(1)
+        self.server_groups = ServerGroups(cloud, background, config.cluster, fence, self.tick)
+        # Whether the next listing also lists server groups: the first one does, to find the
+        # managed ones of node groups configured no more; later ones while there are any.
+        self._list_server_groups_next = True
         self._applied_start = 0  # start tick of the listing the inventory comes from
         self._stale = False  # set by forget until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
@@ -106,6 +130,9 @@ class Inventory:
         one started before is dropped. The journal is claimed again before that listing."""
         self._applied_start = self.tick()
         self._stale = True
+        self._list_server_groups_next = True
+        if self._claiming is not None:
+            self._claiming.cancel()  # a claim under way must not finish for a lost leadership
         if self.journal is not None:
             self.journal.forget()
 
@@ -154,24 +181,56 @@ class Inventory:
                 f"failed: {error}"
             ) from error
         self.api_down = None
-        self._apply_listing(servers, start)
-        if server_groups is not None:
-            self._apply_server_groups(server_groups)
+        if self._apply_listing(servers, start) and server_groups is not None:
+            self._apply_server_groups(server_groups, start)
 
     async def _list_server_groups(self) -> list[ServerGroup] | None:
-        """The cluster's server groups, when a node group manages some; None otherwise."""
-        if not any(group.placement is not None for group in self.groups.values()):
+        """The cluster's server groups, when a node group manages some (or managed ones of
+        node groups that manage none may exist); None otherwise."""
+        wanted = self._list_server_groups_next or any(
+            group.placement is not None for group in self._all_groups()
+        )
+        if not wanted:
             return None
         return await self._cloud.list_server_groups(self._config.cluster)
 
-    def _apply_server_groups(self, listed: list[ServerGroup]) -> None:
-        cluster = self._config.cluster
-        for group in self.groups.values():
+    def _apply_server_groups(self, listed: list[ServerGroup], start: int) -> None:
+        """Each node group's managed server groups from a listing begun at `start` (applied
+        only if its server listing was); the empty ones deleted after the grace."""
+        by_group = self._managed(listed)
+        now, grace = self._clock(), self.adopted_bound
+        orphans: dict[str, list[ServerGroup]] = {}
+        for name, server_groups in by_group.items():
+            group = self.groups.get(name) or self.retired.get(name)
+            if group is None or group.placement is None:
+                orphans[name] = server_groups
+        for group in self._all_groups():
             if group.placement is None:
                 continue
-            group.placement.apply_listing(s for s in listed if managed_by(cluster, group.name, s))
+            group.placement.apply_listing(by_group.get(group.name, ()), start)
             if not group.has_unconfirmed():  # an earlier process's create may be joining one
-                self.server_groups.tidy(group.name, group.placement, group.placed())
+                self.server_groups.tidy(group.name, group.placement, group.placed(), now, grace)
+        self.server_groups.apply_orphans(orphans, start)
+        for name, placement in self.server_groups.orphans.items():
+            group = self.groups.get(name) or self.retired.get(name)
+            if group is None or not group.creations:  # nothing of its may be joining one
+                self.server_groups.tidy(name, placement, {}, now, grace)
+        self._list_server_groups_next = bool(orphans)
+
+    def _managed(self, listed: list[ServerGroup]) -> dict[str, list[ServerGroup]]:
+        """The listed server groups this provider manages, by node group name."""
+        by_group: dict[str, list[ServerGroup]] = {}
+        cluster = self._config.cluster
+        for server_group in listed:
+            tags = server_group.tags
+            name = tags.get(TAG_GROUP)
+            if tags.get(TAG_CLUSTER) == cluster and tags.get(TAG_MANAGED) == MANAGED and name:
+                by_group.setdefault(name, []).append(server_group)
+        return by_group
+
+    def _all_groups(self) -> list[GroupState]:
+        """The configured groups and the retired ones."""
+        return [*self.groups.values(), *self.retired.values()]
 
     # --- the creation journal -------------------------------------------------------------
 
@@ -191,11 +250,13 @@ class Inventory:
     async def _adopt_journal(self) -> None:
         assert self.journal is not None
         entries = await self.journal.claim()
-        expires = self._clock() + self._adopted_bound
+        expires = self._clock() + self.adopted_bound
         listed = {name: group.listed_requests() for name, group in self.groups.items()}
         adopted: dict[str, int] = {}
         for entry in entries:
             group = self.groups.get(entry.group)
+            if group is None and entry.group in self.retired:
+                continue  # our own create of a group a reload removed: tracked there
             if group is None:
                 log.warning(
                     "creation journal %s: create %s of node group %s, which is not configured "
@@ -203,7 +264,7 @@ class Inventory:
                     self.journal.where,
                     entry.request,
                     clip(entry.group),
-                    self._adopted_bound,
+                    self.adopted_bound,
                 )
                 # Read again at a later claim (our own writes keep it): its bound stays.
                 self._foreign.setdefault(entry.request, (entry, expires))
@@ -211,7 +272,7 @@ class Inventory:
             known = group.creations.keys() | group.placeholders.keys()
             if entry.request in known or entry.request in listed[group.name]:
                 continue
-            group.adopt(entry.request, entry.name, entry.at, expires)
+            group.adopt(entry, expires)
             adopted[group.name] = adopted.get(group.name, 0) + 1
         for name, count in adopted.items():
             log.warning(
@@ -220,27 +281,27 @@ class Inventory:
                 self.journal.where,
                 count,
                 name,
-                self._adopted_bound,
+                self.adopted_bound,
             )
 
     @property
-    def _adopted_bound(self) -> float:
+    def adopted_bound(self) -> float:
+        """How long a create of unknown outcome is counted (see ADOPTED_BOUND_FACTOR)."""
         return ADOPTED_BOUND_FACTOR * self._config.cloudscale.timeout_seconds
 
     def use_journal(self, store: JournalStore, holder: str) -> None:
         """Record creates in `store` from now on; before the first listing."""
-        self.journal = Journal(store, self._config.cluster, holder, self.unconfirmed_entries)
+        self.journal = Journal(
+            store, self._config.cluster, holder, self.unconfirmed_entries, fence=self._fence
+        )
 
     def unconfirmed_entries(self) -> list[Entry]:
-        """What the journal must hold: every create the API has not answered yet, and the
-        entries of groups not configured here until their bound."""
+        """What the journal must hold: every create the API has not answered yet (of removed
+        groups too), and the entries of groups not configured here until their bound."""
         now = self._clock()
-        return [
-            Entry(creation.request_id, group.name, creation.name, creation.recorded_at)
-            for group in self.groups.values()
-            for creation in group.creations.values()
-            if creation.uuid is None
-        ] + [entry for entry, expires in self._foreign.values() if now < expires]
+        return [entry for group in self._all_groups() for entry in group.journal_entries()] + [
+            entry for entry, expires in self._foreign.values() if now < expires
+        ]
 
     def journal_changed(self) -> None:
         if self.journal is not None:
@@ -250,14 +311,15 @@ class Inventory:
         if not self.loaded:
             await self.sync(why)
 
-    def _apply_listing(self, servers: Iterable[Server], start: int) -> None:
+    def _apply_listing(self, servers: Iterable[Server], start: int) -> bool:
+        """Apply a listing begun at `start`; False when a newer one was applied already."""
         if start < self._applied_start:
             log.debug("dropping a listing older than the inventory (tick %d)", start)
-            return
+            return False
         self._applied_start = start
         self._stale = False
         buckets: dict[str, dict[str, Server]] = {name: {} for name in self.groups}
-        unconfigured: dict[str, int] = {}
+        others: dict[str, dict[str, Server]] = {}  # of groups not configured
         cluster = self._config.cluster
         for server in servers:
             tags = server.tags
@@ -271,15 +333,20 @@ class Inventory:
             bucket = buckets.get(group_name)
             if bucket is None:
                 self._ignore_group(group_name)
-                unconfigured[group_name] = unconfigured.get(group_name, 0) + 1
-                continue
+                bucket = others.setdefault(group_name, {})
             bucket[server.uuid] = server
-        self.unconfigured = unconfigured
+        self.unconfigured = {name: len(servers) for name, servers in others.items()}
         for name, group in self.groups.items():
             group.apply_listing(buckets[name], start)
             self._check_overshoot(group)
+        for name, group in list(self.retired.items()):
+            group.apply_listing(others.get(name, {}), start)
+            if not any(True for _ in group.pending_creations()) and not group.deleting:
+                del self.retired[name]  # nothing of it in flight any more: the listing tells
+                self._list_server_groups_next = True  # its server groups are orphans now
         self._rebuild_index()
         self.journal_changed()  # creates it showed are confirmed
+        return True
 
     def _check_overshoot(self, group: GroupState) -> None:
         """Warn once per episode when a group holds more servers than its maxSize and some
@@ -351,23 +418,70 @@ class Inventory:
 
     # --- groups ---------------------------------------------------------------------------
 
-    def reconfigure(self, config: Config) -> dict[str, int]:
-        """Take a reloaded config (same cluster): groups added, changed, removed; the groups
-        that went, with the servers each still had (kept). No await: atomic between calls."""
+    def reconfigure(self, config: Config) -> list[GroupState]:
+        """Take a reloaded config (same cluster): groups added, changed, removed (retired:
+        kept while anything of theirs is in flight, revived if a later reload adds them
+        again); the groups it removed. No await: atomic between calls."""
         old = self.groups
+        revived = {
+            name: self.retired.pop(name) for name in self._names(config) & self.retired.keys()
+        }
+        changed = [(old.get(gc.name) or revived.get(gc.name), gc) for gc in config.node_groups]
         self._config = config
         self.groups = {}
-        for group_config in config.node_groups:
-            group = old.get(group_config.name)
+        for group, group_config in changed:
             if group is None:
                 group = GroupState(group_config)
             else:
                 group.reconfigure(group_config)
             self.groups[group.name] = group
+        removed = [group for name, group in old.items() if name not in self.groups]
+        for group in removed:
+            self.retired[group.name] = group
+            self.unconfigured[group.name] = len(group.servers)  # reported at once, kept
+        for name in self.groups:
+            self.unconfigured.pop(name, None)
+        # Managed server groups may have changed hands (a group removed, antiAffinity off).
+        self._list_server_groups_next = True
         self._ignored_groups -= self.groups.keys()  # a group back again is no longer ignored
         self._adopt_foreign(old.keys())
         self._rebuild_index()
-        return {name: len(group.servers) for name, group in old.items() if name not in self.groups}
+        return removed
+
+    @staticmethod
+    def _names(config: Config) -> set[str]:
+        return {group.name for group in config.node_groups}
+
+    def serves(self, group: GroupState) -> bool:
+        """Whether `group` is configured (not removed by a reload meanwhile)."""
+        return self.groups.get(group.name) is group
+
+    def removed_groups(self) -> dict[str, RemovedGroup]:
+        """What is left of the groups not configured, by name: listed servers, creates in
+        flight, managed server groups."""
+        names = self.unconfigured.keys() | self.retired.keys() | self.server_groups.orphans.keys()
+        report = {
+            name: RemovedGroup(
+                self.unconfigured.get(name, 0) + self._retired_pending(name, acked=True),
+                self._retired_pending(name, acked=False),
+                self._server_groups_of(name),
+            )
+            for name in sorted(names - self.groups.keys())
+        }
+        return {name: removed for name, removed in report.items() if not removed.empty}
+
+    def _retired_pending(self, name: str, *, acked: bool) -> int:
+        """A removed group's creates not listed yet: made (acknowledged) or not yet known."""
+        group = self.retired.get(name)
+        pending = () if group is None else group.pending_creations()
+        return sum(1 for c in pending if (c.uuid is not None) == acked)
+
+    def _server_groups_of(self, name: str) -> int:
+        group = self.retired.get(name)
+        placement = group.placement if group is not None else None
+        if placement is not None:
+            return placement.count
+        return self.server_groups.orphaned_server_groups(name)
 
     def _adopt_foreign(self, before: Iterable[str]) -> None:
         """Count the kept journal entries of the groups a reload added, within their bound."""
@@ -378,7 +492,7 @@ class Inventory:
                 del self._foreign[request]
             elif entry.group in added:
                 del self._foreign[request]
-                self.groups[entry.group].adopt(entry.request, entry.name, entry.at, expires)
+                self.groups[entry.group].adopt(entry, expires)
                 log.warning(
                     "creation journal: create %s of node group %s, added by this reload, sent "
                     "by an earlier process and not listed yet: counted in its target",
@@ -397,20 +511,37 @@ class Inventory:
 
     def expire(self, group: GroupState) -> None:
         now = self._clock()
-        expired = group.expire_adopted(now)
+        expired = group.expire_unconfirmed(now)
         for creation in expired:
             self._unconfirmed(group, creation, now)
         if expired:
             self.journal_changed()
         group.expire_placeholders(now, self._config.placeholder_expiry_seconds)
 
+    def expire_retired(self) -> None:
+        """Creates of unknown outcome of removed groups, past their bound: forgotten (no
+        placeholder: nobody serves the group)."""
+        now = self._clock()
+        for group in self.retired.values():
+            for creation in group.expire_unconfirmed(now):
+                log.warning(
+                    "node group %s (removed): create %s (%s) was not listed within %gs: taken "
+                    "for never made",
+                    group.name,
+                    creation.request_id,
+                    creation.name,
+                    self.adopted_bound,
+                )
+                self.journal_changed()
+
     def _unconfirmed(self, group: GroupState, creation: Creation, now: float) -> None:
-        """An adopted create no listing showed in time: its process died before sending it,
-        or the API refused it. A failed placeholder, so CA deletes it and plans again."""
+        """A create of unknown outcome no listing showed in time: its process died before
+        sending it, or the API refused it. A failed placeholder, so CA deletes it and plans
+        again."""
         message = (
-            f"create {creation.request_id} ({creation.name}), recorded {creation.recorded_at} by "
-            f"an earlier process, was not listed within {self._adopted_bound:g}s: taken for "
-            "never made"
+            f"create {creation.request_id} ({creation.name}), recorded {creation.recorded_at}, "
+            f"was not listed within {self.adopted_bound:g}s of its outcome being unknown: "
+            "taken for never made"
         )
         log.warning("group %s: %s", group.name, message)
         placeholder = Placeholder(

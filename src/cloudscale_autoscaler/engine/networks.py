@@ -3,8 +3,9 @@
 A private network may be configured by name; the API only takes UUIDs, so names are looked up
 in GET /v1/networks. A name must match exactly one network (in the group's zone, when the group
 names one): zero or several matches are an error naming what was found. A group's resolution
-is cached for the life of the process once it succeeded (network UUIDs never change; a renamed
-network keeps working until the next restart).
+is cached for the life of the process once it succeeded, keyed by what it was resolved from
+(zone and interfaces), so a reload that changes either resolves again (network UUIDs never
+change; a renamed network keeps working until the next restart).
 """
 
 from __future__ import annotations
@@ -50,16 +51,21 @@ def resolve(
     return InterfaceRequest(found.uuid, interface.subnet)
 
 
+# What a resolution depends on: the group's zone and its configured interfaces.
+_Key = tuple[str | None, tuple[NetworkInterface, ...]]
+
+
 class NetworkResolver:
     def __init__(self, cloud: Cloud) -> None:
         self._cloud = cloud
-        self._resolved: dict[str, tuple[InterfaceRequest, ...]] = {}
+        self._resolved: dict[_Key, tuple[InterfaceRequest, ...]] = {}
 
     async def interfaces(self, group: NodeGroupConfig) -> tuple[InterfaceRequest, ...] | None:
         """The group's create-request interfaces; None when the group uses the use_* flags."""
         if group.interfaces is None:
             return None
-        cached = self._resolved.get(group.name)
+        key = (group.zone, group.interfaces)
+        cached = self._resolved.get(key)
         if cached is not None:
             return cached
         networks: list[Network] = []
@@ -80,5 +86,5 @@ class NetworkResolver:
                     f"node group {group.name}: interfaces[{index}].network: {result}"
                 )
             resolved.append(result)
-        self._resolved[group.name] = tuple(resolved)
-        return self._resolved[group.name]
+        self._resolved[key] = tuple(resolved)
+        return self._resolved[key]

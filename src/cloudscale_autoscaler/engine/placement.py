@@ -16,8 +16,14 @@ the creation itself (Creation.slot); a server group's room is derived, never sto
   used; the rest go into new server groups, MAX_MEMBERS each, created before their creations
   are sent.
 - After each listing, a managed server group with no member and nothing placed in it is deleted
-  (only ours: both tags and TAG_MANAGED), unless creates an earlier process recorded are still
-  unconfirmed (they may be joining it).
+  (only ours: both tags and TAG_MANAGED) once it has been seen empty for `grace` seconds (the
+  journal's adoption bound: a create sent by an earlier process and not recorded, or not yet
+  carried out, may still be joining it), and never while creates of unknown outcome are
+  counted for its node group. Managed server groups of a node group that no longer manages any
+  (removed by a reload, renamed, antiAffinity turned off) are tidied the same way and reported.
+- A listing is applied over what the provider itself did after that listing began: server
+  groups it created or deleted since stay created or deleted (an older listing never undoes
+  them).
 - Refusals reach CA as failed creates, with the class creations.py gives any CloudError: a full
   group (our count was stale; it is not used again until the next listing) and a group gone
   (dropped) are Other; no distinct host left is OutOfResources.
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cloudscale_autoscaler.cloud.errors import (
@@ -36,7 +42,7 @@ from cloudscale_autoscaler.cloud.errors import (
     ServerGroupGoneError,
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_MANAGED, ServerGroup
-from cloudscale_autoscaler.cloud.protocol import Cloud
+from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
 from cloudscale_autoscaler.engine import names
 from cloudscale_autoscaler.engine.background import Background
 
@@ -98,16 +104,39 @@ class Placement:
     pending: list[PendingGroup] = field(default_factory=list)
     deleting: set[str] = field(default_factory=set)
     full: set[str] = field(default_factory=set)  # refused as full since the last listing
+    # Our own creates (the group) and deletes (None) by uuid, with the engine tick they
+    # happened at: a listing begun before them does not undo them.
+    changes: dict[str, tuple[int, ServerGroup | None]] = field(default_factory=dict)
+    # When each known server group was first seen with no member and nothing placed (clock).
+    empty_since: dict[str, float] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         """Server groups the node group holds: listed or being created."""
         return len(self.known) + len(self.pending)
 
-    def apply_listing(self, listed: Iterable[ServerGroup]) -> None:
-        self.known = {group.uuid: group for group in listed}
+    def apply_listing(self, listed: Iterable[ServerGroup], start_tick: int) -> None:
+        """The server groups a listing begun at `start_tick` showed, over our own changes
+        made since."""
+        known = {group.uuid: group for group in listed}
+        for uuid, (tick, made) in list(self.changes.items()):
+            if tick <= start_tick:
+                del self.changes[uuid]  # the listing saw it
+            elif made is None:
+                known.pop(uuid, None)
+            else:
+                known[uuid] = made
+        self.known = known
         self.full.clear()
         self.deleting &= self.known.keys()
+
+    def made(self, group: ServerGroup, tick: int) -> None:
+        self.known[group.uuid] = group
+        self.changes[group.uuid] = (tick, group)
+
+    def gone(self, uuid: str, tick: int) -> None:
+        self.known.pop(uuid, None)
+        self.changes[uuid] = (tick, None)
 
     def placed(self, slots: Iterable[tuple[Slot, str | None]]) -> Placed:
         """Creations placed per server group (known, or being created) and not yet listed as
@@ -142,13 +171,16 @@ class Placement:
             slots += [Slot(pending=pending) for _ in range(min(MAX_MEMBERS, count - len(slots)))]
         return slots
 
-    def empty(self, placed: Placed) -> list[str]:
-        """Known server groups with no member and nothing placed: to delete."""
-        return [
+    def empty(self, placed: Placed, now: float, grace: float) -> list[str]:
+        """Known server groups with no member and nothing placed for `grace` seconds now: to
+        delete."""
+        empty = {
             uuid
             for uuid, group in self.known.items()
             if not group.servers and not placed.get(uuid) and uuid not in self.deleting
-        ]
+        }
+        self.empty_since = {u: self.empty_since.get(u, now) for u in empty}
+        return [uuid for uuid, since in self.empty_since.items() if now - since >= grace]
 
 
 def managed_by(cluster: str, group: str, server_group: ServerGroup) -> bool:
@@ -163,10 +195,22 @@ def managed_by(cluster: str, group: str, server_group: ServerGroup) -> bool:
 class ServerGroups:
     """Creates and deletes the managed server groups (the API calls, in the background)."""
 
-    def __init__(self, cloud: Cloud, background: Background, cluster: str) -> None:
+    def __init__(
+        self,
+        cloud: Cloud,
+        background: Background,
+        cluster: str,
+        fence: Fence,
+        tick: Callable[[], int],
+    ) -> None:
         self._cloud = cloud
         self._background = background
         self._cluster = cluster
+        self._fence = fence
+        self._tick = tick
+        # Managed server groups of node groups that manage none (no such group configured,
+        # or antiAffinity off), by node group: tidied when empty, reported until then.
+        self.orphans: dict[str, Placement] = {}
 
     def tags(self, group: str) -> dict[str, str]:
         return {TAG_CLUSTER: self._cluster, TAG_GROUP: group, TAG_MANAGED: MANAGED}
@@ -182,16 +226,25 @@ class ServerGroups:
     async def _create(self, group: str, placement: Placement, pending: PendingGroup) -> None:
         try:
             made = await self._cloud.create_server_group(
-                pending.name, placement.zone or "", self.tags(group)
+                pending.name, placement.zone or "", self.tags(group), self._fence
             )
-        except CloudError as error:
-            log.warning("group %s: creating server group %s failed: %s", group, pending.name, error)
-            pending.created.set_exception(error)
-            pending.created.exception()  # retrieved: each creation placed there reports it
+        except Exception as error:  # a bug too: the creations placed here must not wait forever
+            if isinstance(error, CloudError):
+                failure = error
+                log.warning(
+                    "group %s: creating server group %s failed: %s", group, pending.name, error
+                )
+            else:
+                failure = _internal(error)
+                log.exception("group %s: creating server group %s crashed", group, pending.name)
+            _fail(pending, failure)
             return
+        except asyncio.CancelledError:  # shutdown: nobody may wait on it for ever
+            _fail(pending, _internal(asyncio.CancelledError()))
+            raise
         finally:
             placement.pending.remove(pending)
-        placement.known[made.uuid] = made
+        placement.made(made, self._tick())
         log.info(
             "group %s: created anti-affinity server group %s (%s)", group, made.name, made.uuid
         )
@@ -207,11 +260,29 @@ class ServerGroups:
         elif isinstance(error, ServerGroupGoneError):
             placement.known.pop(slot.uuid, None)
 
-    def tidy(self, group: str, placement: Placement, placed: Placed) -> None:
-        """Delete the node group's empty managed server groups (in the background)."""
-        for uuid in placement.empty(placed):
+    def tidy(
+        self, group: str, placement: Placement, placed: Placed, now: float, grace: float
+    ) -> None:
+        """Delete the node group's managed server groups empty for `grace` (in the
+        background)."""
+        for uuid in placement.empty(placed, now, grace):
             placement.deleting.add(uuid)
             self._background.spawn(self._delete(group, placement, uuid))
+
+    def apply_orphans(self, listed: dict[str, list[ServerGroup]], start_tick: int) -> None:
+        """The listing's managed server groups of node groups that manage none, by node
+        group (a node group none of whose server groups is listed any more is forgotten)."""
+        self.orphans = {
+            name: placement
+            for name, placement in self.orphans.items()
+            if name in listed or placement.deleting
+        }
+        for name, groups in listed.items():
+            self.orphans.setdefault(name, Placement(None)).apply_listing(groups, start_tick)
+
+    def orphaned_server_groups(self, name: str) -> int:
+        placement = self.orphans.get(name)
+        return 0 if placement is None else len(placement.known)
 
     async def _delete(self, group: str, placement: Placement, uuid: str) -> None:
         name = placement.known[uuid].name if uuid in placement.known else uuid
@@ -221,5 +292,15 @@ class ServerGroups:
             placement.deleting.discard(uuid)  # the next listing tries again
             log.warning("group %s: deleting empty server group %s failed: %s", group, name, error)
             return
-        placement.known.pop(uuid, None)
+        placement.gone(uuid, self._tick())
+        placement.deleting.discard(uuid)
         log.info("group %s: deleted empty anti-affinity server group %s (%s)", group, name, uuid)
+
+
+def _fail(pending: PendingGroup, failure: CloudError) -> None:
+    pending.created.set_exception(failure)
+    pending.created.exception()  # retrieved: each creation placed there reports it
+
+
+def _internal(error: BaseException) -> CloudError:
+    return CloudError(f"internal error: {error!r}", None, "create_server_group")

@@ -31,6 +31,9 @@ class Batch:
     successes: int = 0
     failures: int = 0
     cancelled: int = 0
+    # Sent, and no answer could tell whether the API carried them out: still counted, as
+    # creates an earlier process recorded are, until listed or their bound passes.
+    in_doubt: int = 0
     first_error: CloudError | None = None
     # The refusal that stopped the batch (quota, capacity, permanent): creates not yet sent
     # were recorded as failed with it instead of being sent.
@@ -42,7 +45,8 @@ class Batch:
 
     def record(self) -> None:
         # Settled once the outcome is known: one success is enough to know not all failed.
-        if self.successes or self.successes + self.failures + self.cancelled >= self.size:
+        ended = self.successes + self.failures + self.cancelled + self.in_doubt
+        if self.successes or ended >= self.size:
             self.settled.set()
 
     @property
@@ -63,8 +67,9 @@ class Creation:
     acked_tick: int = 0
     # When it was decided (wall clock, RFC 3339), as the creation journal records it.
     recorded_at: str = field(default_factory=now_text)
-    # A create an earlier process recorded and no listing has shown yet: counted until this
-    # time (monotonic), then taken for never made (a failed placeholder).
+    # A create whose outcome is not known (an earlier process recorded it, or its answer never
+    # came) and no listing has shown yet: counted until this time (monotonic), then taken for
+    # never made (a failed placeholder).
     expires: float | None = None
     # The managed anti-affinity server group it goes into (antiAffinity groups only).
     slot: Slot | None = None

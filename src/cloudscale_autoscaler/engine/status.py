@@ -25,6 +25,20 @@ OTHER_ERROR_CLASS = "Other"
 
 
 @dataclass(frozen=True)
+class RemovedGroup:
+    """What remains of a node group that is not configured (removed or renamed by a reload,
+    or before this process started): kept, never deleted, reported until gone."""
+
+    servers: int  # listed servers carrying its group tag
+    creations_in_flight: int  # creates sent before the reload and not listed yet
+    server_groups: int  # managed anti-affinity server groups carrying its name
+
+    @property
+    def empty(self) -> bool:
+        return not (self.servers or self.creations_in_flight or self.server_groups)
+
+
+@dataclass(frozen=True)
 class ServerCounts:
     """Listed servers by the state CA sees; `error` ones are also shown to CA as creating."""
 

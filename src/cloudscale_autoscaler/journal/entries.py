@@ -8,7 +8,11 @@ The text is JSON:
 
 `request` is the create's k8s-autoscaler-request tag: a listed server carrying it IS that
 create. `at` is when it was recorded, by the writer's wall clock; it is for people and logs,
-never compared with the reader's clock (two nodes' clocks need not agree).
+never compared with the reader's clock (two nodes' clocks need not agree). `serverGroup`, only
+for a node group with antiAffinity, is the uuid of the managed server group the create joins:
+the next holder counts it there, so it never places a fifth member into a full group. It is
+recorded before the create is sent (a create into a server group still being made waits for a
+second write naming it); older records lack it, and readers before it ignore it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class Entry:
     group: str
     name: str
     at: str
+    server_group: str | None = None
 
 
 @dataclass
@@ -49,7 +54,7 @@ def now_text() -> str:
 
 
 def encode(cluster: str, holder: str, entries: list[Entry]) -> str:
-    creations = [{name: getattr(entry, name) for name in _FIELDS} for entry in entries]
+    creations = [_written(entry) for entry in entries]
     body = {"format": FORMAT, "cluster": cluster, "holder": holder, "creations": creations}
     return json.dumps(body, separators=(",", ":"))
 
@@ -86,12 +91,23 @@ def decode(text: str, cluster: str) -> Decoded:
     return decoded
 
 
+def _written(entry: Entry) -> dict[str, str]:
+    fields = {name: getattr(entry, name) for name in _FIELDS}
+    if entry.server_group is not None:
+        fields["serverGroup"] = entry.server_group
+    return fields
+
+
 def _entry(raw: Any) -> Entry | None:
     if not isinstance(raw, dict):
         return None
     values = [raw.get(name) for name in _FIELDS]
     texts = [value for value in values if isinstance(value, str) and value]
-    return Entry(*texts) if len(texts) == len(_FIELDS) else None
+    if len(texts) != len(_FIELDS):
+        return None
+    request, group, name, at = texts
+    server_group = raw.get("serverGroup")
+    return Entry(request, group, name, at, server_group if isinstance(server_group, str) else None)
 
 
 def _shape() -> str:

@@ -13,6 +13,12 @@
   to notice.
 - On shutdown the leader releases the Lease (empty holder), so a standby takes over within one
   retryPeriod instead of waiting for the Lease to expire.
+- A leader that cannot prepare to serve (`on_started` raises Abdicate: its inventory could not
+  be loaded) releases the Lease and sits out one leaseDuration, so a standby that can takes
+  over; alone, it takes the Lease again after that.
+- `refusal` is the fence for what only the Lease holder may do (send creates, write the
+  creation journal): None while this replica holds the Lease and its last renewal is within the
+  renew deadline, which is shorter than the leaseDuration a standby waits before it takes over.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ class LeaseApi(Protocol):
     async def create_lease(self, namespace: str, body: Obj, limit: float) -> Obj: ...
 
     async def replace_lease(self, namespace: str, name: str, body: Obj, limit: float) -> Obj: ...
+
+
+class Abdicate(Exception):
+    """Raised by `on_started`: this replica cannot serve as leader; the message says why."""
 
 
 def default_identity() -> str:
@@ -87,6 +97,13 @@ class Elector:
     def name(self) -> str:
         return self._settings.lease_name
 
+    def refusal(self) -> str | None:
+        """None while this replica holds the Lease (renewed within the renew deadline), else
+        why not: the fence for creates and the creation journal."""
+        if self.leading and self._clock() < self._deadline():
+            return None
+        return f"this replica ({self.identity}) does not hold Lease {self._serving.lease} now"
+
     # --- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -96,7 +113,10 @@ class Elector:
         )
         while True:
             await self._acquire()
-            await self._lead()
+            if await self._lead():
+                continue
+            await self.release()  # abdicated: a standby may take it at once
+            await asyncio.sleep(self._settings.lease_duration_seconds)
 
     async def _acquire(self) -> None:
         retry = self._settings.retry_period_seconds
@@ -105,26 +125,42 @@ class Elector:
                 return
             await asyncio.sleep(retry * (1 + JITTER * random.random()))
 
-    async def _lead(self) -> None:
+    async def _lead(self) -> bool:
+        """Lead until the Lease is lost (True) or this replica abdicates (False)."""
         log.info("leader election: %s acquired Lease %s", self.identity, self._serving.lease)
         self.leading = True
         started = asyncio.create_task(self._start())
         try:
             while await self._renew():
                 if started.done():
+                    if not started.result():
+                        return False
                     self._serving.serve_until(self._deadline())
+            return True
         finally:
             self.leading = False
             started.cancel()
             self._serving.stand_by(self._holder_seen())
             self._on_stopped()
 
-    async def _start(self) -> None:
+    async def _start(self) -> bool:
+        """Prepare to serve, then open the gate; False when `on_started` abdicated."""
         try:
             await self._on_started()
+        except Abdicate as why:
+            log.error(
+                "leader election: %s gives Lease %s up for %gs, so that a standby may take "
+                "over: %s",
+                self.identity,
+                self._serving.lease,
+                self._settings.lease_duration_seconds,
+                why,
+            )
+            return False
         except Exception:  # the engine loads the inventory again on demand
             log.exception("leader election: preparing to serve failed; serving anyway")
         self._serving.serve_until(self._deadline())
+        return True
 
     def _deadline(self) -> float:
         return self._renewed_at + self._settings.renew_deadline_seconds

@@ -1,11 +1,17 @@
 """A serving provider's connection to its cluster: leader election, drift checks and Events.
 
+The creation journal is a ConfigMap (kube/journal.py) whenever the namespace is known (the
+Pod's, or leaderElection.namespace), with leader election or without: a Pod replaced by a
+drain or a rollout finds it where its predecessor left it.
+
 Without leader election the drift check runs from the start. With it, the replica holding the
-Lease claims the creation journal (a ConfigMap, kube/journal.py) and loads the inventory from
-the cloud (retrying, not ready, until both succeed), then opens the serving gate, points the
-gRPC Service's EndpointSlice at itself (kube/route.py) and starts the drift check; a replica
-that loses the Lease closes the gate at once (the elector does), stops the drift check and
-drops creations it has not sent yet (the journal tells the new leader about those it sent).
+Lease claims the creation journal and loads the inventory from the cloud (retrying, not
+ready; after ABDICATE_AFTER failed loads it gives the Lease up so that a standby that can reach
+the API takes over), then opens the serving gate, points the gRPC Service's EndpointSlice at
+itself (kube/route.py) and starts the drift check; a replica that loses the Lease closes the
+gate at once (the elector does), stops the drift check and drops creations it has not sent
+yet (the journal tells the new leader about those it sent). Creates and journal writes are
+fenced by the Lease (Elector.refusal): none is sent or written once it lapsed.
 Events (kube/recorder.py) are written from the start; the recorder itself keeps a standby's
 out.
 """
@@ -28,7 +34,7 @@ from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
 from cloudscale_autoscaler.kube.journal import ConfigMapStore
-from cloudscale_autoscaler.kube.lease import Elector, default_identity
+from cloudscale_autoscaler.kube.lease import Abdicate, Elector, default_identity
 from cloudscale_autoscaler.kube.recorder import EventRecorder, own_pod
 from cloudscale_autoscaler.kube.route import LeaderRoute, pod_endpoint
 from cloudscale_autoscaler.kube.watch import DriftWatch
@@ -40,20 +46,22 @@ log = logging.getLogger(__name__)
 _A = TypeVar("_A")
 _R = TypeVar("_R")
 
+# Failed inventory loads in a row after which a new leader gives the Lease up.
+ABDICATE_AFTER = 3
+
 
 def preflight(settings: KubernetesConfig) -> tuple[k8s.ApiClient, str | None]:
     """What serving needs from Kubernetes, checked before it listens (check-config runs it
-    too): an API client, and with leader election the Lease's namespace (None without).
-    Raises KubeConfigError."""
+    too): an API client, and the namespace of the Lease and the journal's ConfigMap (None
+    without leader election outside a Pod: the journal is then a file). Raises
+    KubeConfigError."""
     outside = outside_pod_error(settings, os.environ)
     if outside is not None:  # the same words as check-config's
         raise KubeConfigError(outside)
     client = load_client(settings.kubeconfig)
     election = settings.leader_election
-    if not election.enabled:
-        return client, None
     namespace = election.namespace or own_namespace()
-    if namespace is None:
+    if namespace is None and election.enabled:
         raise KubeConfigError(
             "kubernetes.leaderElection.namespace: not set, and not running in a pod "
             "(no POD_NAMESPACE, no service account namespace file): set it"
@@ -105,8 +113,8 @@ class ClusterLink:
         client: k8s.ApiClient,
         namespace: str | None,
     ) -> None:
-        """`client` and `namespace` as `preflight` returns them (namespace: None without
-        leader election)."""
+        """`client` and `namespace` as `preflight` returns them (namespace: None when the
+        journal is not a ConfigMap, and then without leader election)."""
         settings = config.kubernetes
         if settings is None:
             raise ValueError("ClusterLink needs the kubernetes section")
@@ -120,8 +128,13 @@ class ClusterLink:
         self._route_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
+        identity = default_identity()
         if namespace is not None:
-            identity = default_identity()
+            journal = ConfigMapStore(
+                self._api, namespace, election.journal_name, election.renew_deadline_seconds
+            )
+            engine.use_journal(journal, identity)
+        if namespace is not None and election.enabled:
             self.serving = Serving(f"{namespace}/{election.lease_name}")
             self._elector = Elector(
                 self._api,
@@ -132,10 +145,7 @@ class ClusterLink:
                 on_started=self._lead,
                 on_stopped=self._stand_down,
             )
-            journal = ConfigMapStore(
-                self._api, namespace, election.journal_name, election.renew_deadline_seconds
-            )
-            engine.use_journal(journal, identity)
+            engine.use_fence(self._elector.refusal)
             self.route = _leader_route(self._api, namespace, election, self.serving)
             if self.route is not None:
                 self.serving.subscribe(self.route.want)
@@ -172,15 +182,20 @@ class ClusterLink:
         that led before: its inventory is from then. Cancelled if the Lease is lost."""
         self._engine.forget_inventory()
         retry = self._settings.leader_election.retry_period_seconds
-        while True:
+        for attempt in range(1, ABDICATE_AFTER + 1):
             try:
                 await self._engine.load()
                 break
             except (CloudUnavailable, TimeoutError) as error:
+                why = str(error) or "timed out"
                 log.warning(
-                    "leader election: inventory load failed, not serving until one succeeds: %s",
-                    str(error) or "timed out",
+                    "leader election: inventory load %d/%d failed, not serving: %s",
+                    attempt,
+                    ABDICATE_AFTER,
+                    why,
                 )
+            if attempt == ABDICATE_AFTER:
+                raise Abdicate(f"the inventory could not be loaded {ABDICATE_AFTER} times: {why}")
             await asyncio.sleep(retry)
         self._start_drift()
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.engine import refusals
+from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.kube.api import KubeError, Obj, own_namespace
 from cloudscale_autoscaler.kube.drift import GroupDrift, warning_line
 from cloudscale_autoscaler.kube.events import (
@@ -124,12 +125,14 @@ class EventRecorder(Collector):
         message = "config reload refused, the running configuration is kept: " + "; ".join(errors)
         self._record(self._pod, WARNING, CONFIG_RELOAD_REFUSED, message, always=True)
 
-    def groups_removed(self, removed: dict[str, int]) -> None:
-        """Node groups a reload removed; their servers are kept, unserved."""
-        for name, servers in removed.items():
+    def groups_removed(self, removed: Mapping[str, RemovedGroup]) -> None:
+        """Node groups a reload removed; what they have is kept, unserved."""
+        for name, left in removed.items():
             message = (
-                f"node group {name} is no longer configured: {servers} server(s) of it are kept "
-                "and no longer served (a reload never deletes a server)"
+                f"node group {name} is no longer configured: {left.servers} server(s), "
+                f"{left.creations_in_flight} create(s) sent before the reload and "
+                f"{left.server_groups} managed server group(s) of it are kept and no longer "
+                "served (a reload never deletes a server)"
             )
             self._record(self._pod, WARNING, NODE_GROUP_REMOVED, message, same=name, always=True)
 

@@ -7,8 +7,9 @@ both at scrape time, so neither serving nor scaling work pays for metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import (
@@ -175,3 +176,63 @@ class Metrics:
 
     def track_rpcs(self, source: Callable[[], Iterable[RpcReading]]) -> None:
         self.registry.register(_RpcCollector(source))
+
+    def track_reloads(self, source: Callable[[], Mapping[str, int]]) -> None:
+        """Reload attempts by outcome (the reloader's counts, read at scrape time)."""
+        self.registry.register(_ReloadCollector(source))
+
+    def track_removed(self, source: Callable[[], Mapping[str, RemovedCounts]]) -> None:
+        """What is left of node groups not configured (the engine's report)."""
+        self.registry.register(_RemovedCollector(source))
+
+
+class RemovedCounts(Protocol):
+    @property
+    def servers(self) -> int: ...
+
+    @property
+    def creations_in_flight(self) -> int: ...
+
+    @property
+    def server_groups(self) -> int: ...
+
+
+class _ReloadCollector(Collector):
+    def __init__(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            f"{NAMESPACE}_config_reloads",
+            "Reloads of the config file tried, by outcome: applied; refused (its content: "
+            "invalid, unknown names, a setting only a restart changes); failed (anything "
+            "else: the API could not be asked, an internal error).",
+            labels=["outcome"],
+        )
+        for outcome, count in self._source().items():
+            family.add_metric([outcome], count)
+        yield family
+
+
+class _RemovedCollector(Collector):
+    def __init__(self, source: Callable[[], Mapping[str, RemovedCounts]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            field: GaugeMetricFamily(
+                f"{NAMESPACE}_unconfigured_group_{field}", help_, labels=["group"]
+            )
+            for field, help_ in (
+                ("servers", "Listed servers tagged with a node group that is not configured "
+                            "(removed or renamed): kept, not served."),
+                ("creations_in_flight", "Creates of a node group a reload removed, sent "
+                                        "before the reload and not listed yet."),
+                ("server_groups", "Managed anti-affinity server groups of a node group that "
+                                  "manages none (removed, renamed, antiAffinity off)."),
+            )
+        }  # fmt: skip
+        for name, left in self._source().items():
+            for field, family in families.items():
+                family.add_metric([name], float(getattr(left, field)))
+        yield from families.values()

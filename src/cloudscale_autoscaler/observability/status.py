@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cloudscale_autoscaler import __version__
-from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome
+from cloudscale_autoscaler.engine.status import GroupStatus, RefreshOutcome, RemovedGroup
 from cloudscale_autoscaler.observability.metrics import RpcReading
 from cloudscale_autoscaler.reload.reloader import ReloadStatus
 from cloudscale_autoscaler.service.seen import CallsSeen
@@ -49,8 +49,8 @@ class Status:
     rpcs: Mapping[str, Mapping[str, int]]  # RPC -> status code -> calls answered
     # The config file and its last reload; None when serving a config not read from a file.
     config: ReloadStatus | None = None
-    # Listed servers of groups no longer (or never) configured, by group tag: kept, unserved.
-    unconfigured: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # What is left of groups no longer (or never) configured, by group tag: kept, unserved.
+    unconfigured: Mapping[str, RemovedGroup] = dataclasses.field(default_factory=dict)
     version: str = __version__
 
     def to_json(self) -> dict[str, Any]:
@@ -76,7 +76,9 @@ class Status:
             "tls_not_after_unix": self.tls_not_after_unix,
             "rpcs": {method: dict(codes) for method, codes in self.rpcs.items()},
             "config": None if self.config is None else dataclasses.asdict(self.config),
-            "unconfigured_groups": dict(self.unconfigured),
+            "unconfigured_groups": {
+                name: dataclasses.asdict(left) for name, left in self.unconfigured.items()
+            },
         }
 
 
@@ -96,7 +98,7 @@ def collect(
     tls_not_after_unix: float | None,
     rpcs: Iterable[RpcReading],
     config: ReloadStatus | None = None,
-    unconfigured: Mapping[str, int] | None = None,
+    unconfigured: Mapping[str, RemovedGroup] | None = None,
 ) -> Status:
     """The snapshot from its parts (`last_successful_refresh_unix` 0: never)."""
     taken = tuple(groups)

@@ -11,7 +11,10 @@
   status says so until a later file is applied. When the API cannot be asked, the attempt is
   repeated at the next check.
 - **Applying it** (`apply`, the app's) between calls: the engine takes it in one synchronous
-  stretch, then the transport's prepared answers are published again.
+  stretch, then the transport's prepared answers are published again; `apply` either applies
+  it whole or raises with the running configuration back in place.
+- **Never ending.** Whatever goes wrong in an attempt (a bug included) refuses that attempt:
+  logged, counted (`counts`), in the status, and the next change or SIGHUP is tried as usual.
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ CHECK_SECONDS = 2.0
 
 # The config's names against the API: problems found (raises CloudError when it cannot ask).
 OnlineCheck = Callable[[Config], Awaitable[list[str]]]
-# Serves the new config; the groups it removed, with the servers each still had.
-Apply = Callable[[Config], Awaitable[dict[str, int]]]
+# Serves the new config, whole, or raises having kept the running one.
+Apply = Callable[[Config], Awaitable[None]]
+# How reload attempts ended: applied; refused (the file's content); failed (something else).
+OUTCOMES = ("applied", "refused", "failed")
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class Reloader:
         self._again = False  # the last attempt could not be finished: try the same file again
         self.status = ReloadStatus(str(file.path), time.time())
         self.on_refused: list[Callable[[list[str]], None]] = []
-        self.on_removed: list[Callable[[dict[str, int]], None]] = []
+        self.counts = dict.fromkeys(OUTCOMES, 0)
 
     def request(self) -> None:
         """Read the file now and reload it even if unchanged (SIGHUP)."""
@@ -98,7 +103,11 @@ class Reloader:
                     await self._forced.wait()
             forced = self._forced.is_set()
             self._forced.clear()
-            await self.check(forced)
+            try:
+                await self.check(forced)
+            except Exception as error:  # a bug: this attempt fails, reloading goes on
+                log.exception("config reload: %s: the attempt failed", self._path)
+                self._refused([f"the reload failed: {error!r}"], "failed")
 
     async def check(self, forced: bool = False) -> None:
         """Reload the file if its content changed (or `forced`, or the last try was cut short)."""
@@ -115,19 +124,24 @@ class Reloader:
         except CloudError as error:
             self._again = True
             self._refused([f"could not check the config against the API ({error}); trying "
-                           f"again in {self._check_seconds:g}s"])  # fmt: skip
+                           f"again in {self._check_seconds:g}s"], "failed")  # fmt: skip
             return
         if errors or config is None:
-            self._refused(errors)
+            self._refused(errors, "refused")
             return
-        removed = await self._apply(config)
+        try:
+            await self._apply(config)
+        except Exception as error:
+            log.exception("config reload: applying %s failed", self._path)
+            self._refused([f"applying it failed ({error!r}): nothing of it was applied"],
+                          "failed")  # fmt: skip
+            return
         self._running = config
         now = time.time()
         self.status = ReloadStatus(str(self._path), now, now, True)
+        self.counts["applied"] += 1
         log.info("config reload: %s applied (node groups: %s)", self._path,
                  ", ".join(g.name for g in config.node_groups))  # fmt: skip
-        if removed:
-            self._removed(removed)
 
     async def _validated(self) -> tuple[Config | None, list[str]]:
         try:
@@ -139,7 +153,8 @@ class Reloader:
             return None, problems
         return config, await self._online_check(config)
 
-    def _refused(self, errors: list[str]) -> None:
+    def _refused(self, errors: list[str], outcome: str) -> None:
+        self.counts[outcome] += 1
         self.status = ReloadStatus(
             str(self._path), self.status.loaded_unix, time.time(), False, tuple(errors)
         )
@@ -147,19 +162,10 @@ class Reloader:
         for error in errors:
             log.error("config reload: %s: %s", self._path, error)
         for listener in self.on_refused:
-            listener(errors)
-
-    def _removed(self, removed: dict[str, int]) -> None:
-        for name, servers in removed.items():
-            log.warning(
-                "config reload: node group %s is no longer configured: not served any more, "
-                "and its %d server(s) are kept (a reload never deletes a server); delete them "
-                "yourself, or configure the group again",
-                name,
-                servers,
-            )
-        for listener in self.on_removed:
-            listener(removed)
+            try:
+                listener(errors)
+            except Exception:  # an Event that cannot be queued must not end reloading
+                log.exception("config reload: reporting the refusal failed")
 
 
 def file_digest(path: Path) -> bytes | None:

@@ -27,6 +27,7 @@ from cloudscale_autoscaler.engine.errors import (
     Unimplemented,
 )
 from cloudscale_autoscaler.engine.group import NodeRef
+from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service import pricing
 from cloudscale_autoscaler.service.codes import StatusCode
@@ -129,11 +130,12 @@ class CloudProviderService:
         # For the status view: which groups CA last asked to change, and when.
         self.seen = CallsSeen(g.name for g in config.node_groups)
 
-    async def reconfigure(self, config: Config) -> dict[str, int]:
-        """Serve a reloaded config (Engine.reconfigure); the removed groups' server counts.
-        gpuLabel is not reloadable (CA reads it once)."""
-        removed = await self.engine.reconfigure(config)
-        self._node_groups = _node_groups(config)
+    def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
+        """Serve a reloaded config (Engine.reconfigure, in the same synchronous stretch); what
+        the removed groups still have. gpuLabel is not reloadable (CA reads it once)."""
+        node_groups = _node_groups(config)
+        removed = self.engine.reconfigure(config)
+        self._node_groups = node_groups
         self.seen.follow(g.name for g in config.node_groups)
         return removed
 

@@ -165,8 +165,9 @@ def test_private_networks_need_the_groups_zone(tmp_path: Path, interfaces: list[
     with pytest.raises(ConfigError) as caught:
         load_group(tmp_path, interfaces=interfaces)
     assert caught.value.errors == [
-        "nodeGroups[0].zone: required when interfaces name a private network: networks are "
-        "zonal, and without a zone the API creates servers in the project's default zone"
+        "nodeGroups[0].zone: required when interfaces name a private network (or give "
+        "`zones`): networks are zonal, and without a zone the API creates servers in the "
+        "project's default zone"
     ]
     assert load_group(tmp_path, interfaces=["public"]).node_groups[0].zone is None
 

@@ -61,14 +61,59 @@ def test_zones_fan_a_group_out_into_one_group_per_zone(tmp_path: Path) -> None:
         # One error per entry, not one per zone.
         ({"zones": ["lpg1", "rma1"], "minSize": -1},
          ["nodeGroups[0].minSize: must be >= 0, got -1"]),
+        # Server groups are zonal: named ones fit one zone only (this loaded, and every create
+        # in the other zone was refused).
+        ({"zones": ["lpg1", "rma1"], "serverGroups": ["5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e01"]},
+         ["nodeGroups[0].serverGroups: cannot be combined with zones: a server group is in one "
+          "zone, so every create in the others would be refused; use antiAffinity (the provider "
+          "makes server groups in each zone), or one group per zone with zone and its "
+          "serverGroups"]),
+        # Private networks with zones: by name each zone finds its own (this was refused with
+        # "zone: required"); by UUID, or with a subnet, only one zone's.
+        ({"zones": ["lpg1", "rma1"], "interfaces": [{"network": "7a1c0000-0000-4000-8000-"
+                                                                 "000000000001"}]},
+         ["nodeGroups[0].interfaces[0].network: a network given by UUID is in one zone, but "
+          "`zones` lists several: name the network instead (each zone's network of that name "
+          "is used)"]),
+        ({"zones": ["lpg1", "rma1"], "interfaces": [
+            {"network": "k8s-nodes", "subnet": "7a1c0000-0000-4000-8000-000000000101"}]},
+         ["nodeGroups[0].interfaces[0].subnet: a subnet is in one zone, but `zones` lists "
+          "several: name the network instead (each zone's network of that name is used), and "
+          "leave the subnet out"]),
+        # A name that fits alone but not with "-<zone>" (this loaded: the group id was 66
+        # characters, past every length check).
+        ({"name": "w" * 61, "zones": ["lpg1", "rma1"]},
+         [f'nodeGroups[0].name: with zones it makes node group "{"w" * 61}-lpg1", 66 '
+          "characters, more than the 63 a name may have; shorten the name to at most 58 "
+          "characters",
+          f'nodeGroups[0].name: with zones it makes node group "{"w" * 61}-rma1", 66 '
+          "characters, more than the 63 a name may have; shorten the name to at most 58 "
+          "characters"]),
+        ({"name": "w" * 46, "zones": ["lpg1"]},
+         [f'nodeGroups[0].name: server names "prod-{"w" * 46}-lpg1-<8 chars>" would be 65 '
+          "characters, more than the 63 a host name label allows; shorten the cluster or group "
+          'name (with "-lpg1" together at most 53 characters, so at most 48 without it)']),
     ],
     ids=["zone-and-zones", "empty", "twice", "not-a-label", "not-a-list", "with-server-groups",
-         "not-a-boolean", "without-zone", "errors-once"],
+         "not-a-boolean", "without-zone", "errors-once", "zones-and-server-groups",
+         "zones-and-network-uuid", "zones-and-subnet", "fanned-name-too-long",
+         "fanned-server-name-too-long"],
 )  # fmt: skip
 def test_misuse_is_refused_with_its_path(
     tmp_path: Path, fields: dict[str, Any], expected: list[str]
 ) -> None:
     assert errors_of(write(tmp_path, with_group(**fields))) == expected
+
+
+def test_zones_with_a_private_network_by_name_load(tmp_path: Path) -> None:
+    doc = with_group(zones=["lpg1", "rma1"], interfaces=[{"network": "k8s-nodes"}])
+    config = load_config(write(tmp_path, doc), env=ENV)
+    assert [(g.zone, g.interfaces) for g in config.node_groups] == [
+        ("lpg1", config.node_groups[0].interfaces),
+        ("rma1", config.node_groups[0].interfaces),
+    ]
+    assert config.node_groups[0].interfaces is not None
+    assert config.node_groups[0].interfaces[0].network == "k8s-nodes"
 
 
 def test_a_fanned_out_name_may_not_repeat_another_groups(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from cloudscale_autoscaler.config.reader import (
 )
 from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.config.values import (
+    LABEL_NAME_MAX,
     TAINT_EFFECTS,
     dns_label_error,
     label_value_error,
@@ -86,11 +87,22 @@ def parse_group(fields: Fields, base_dir: Path) -> list[NodeGroupConfig]:
     zones = _zones(fields)
     if not zones:
         return [_parse_one(fields, base_dir, fields.string("zone"))]
-    return [
+    groups = [
         replace(group, name=f"{group.name}-{zone}", pool=group.name)
         for zone in zones
         if (group := _parse_one(fields, base_dir, zone))
     ]
+    limit = LABEL_NAME_MAX - 1 - max(len(zone) for zone in zones)
+    for group in groups:
+        # The name alone may fit; with "-<zone>" it must too (names and tags are labels).
+        if group.pool and dns_label_error(group.pool) is None and len(group.name) > limit + 1:
+            fields.issues.add(
+                fields.at("name"),
+                f'with zones it makes node group "{group.name}", {len(group.name)} characters, '
+                f"more than the {LABEL_NAME_MAX} a name may have; shorten the name to at most "
+                f"{limit} characters",
+            )
+    return groups
 
 
 def _zones(fields: Fields) -> tuple[str, ...]:
@@ -160,6 +172,13 @@ def _server_groups(fields: Fields) -> tuple[str, ...]:
     uuids = fields.strings("serverGroups")
     for index, value in enumerate(uuids):
         fields.issues.check(item(fields.at("serverGroups"), index), uuid_error(value))
+    if uuids and fields.present("zones"):
+        fields.issues.add(
+            fields.at("serverGroups"),
+            "cannot be combined with zones: a server group is in one zone, so every create "
+            "in the others would be refused; use antiAffinity (the provider makes server "
+            "groups in each zone), or one group per zone with zone and its serverGroups",
+        )
     return uuids
 
 

@@ -19,8 +19,12 @@ ENTRY_KEYS = ("network", "subnet")
 _ADDRESS_KEYS = ("address", "addresses")
 EXCLUSIVE_KEYS = ("usePublicNetwork", "usePrivateNetwork")
 ZONE_REQUIRED = (
-    "required when interfaces name a private network: networks are zonal, and without a zone "
-    "the API creates servers in the project's default zone"
+    "required when interfaces name a private network (or give `zones`): networks are zonal, "
+    "and without a zone the API creates servers in the project's default zone"
+)
+ONE_ZONE_ONLY = (
+    "is in one zone, but `zones` lists several: name the network instead (each zone's "
+    "network of that name is used)"
 )
 NO_FIXED_ADDRESS = (
     "fixed addresses are not supported: every server of the group would get the same "
@@ -49,9 +53,26 @@ def parse_interfaces(group: Fields) -> tuple[NetworkInterface, ...] | None:
         if entry is not None:
             parsed.append((index, entry))
     _check_duplicates(group.issues, at, parsed)
-    if any(not entry.public for _, entry in parsed) and not group.present("zone"):
+    zones = group.raw("zones")
+    if any(not entry.public for _, entry in parsed) and not (group.present("zone") or zones):
         group.issues.add(group.at("zone"), ZONE_REQUIRED)
+    if isinstance(zones, list) and len(zones) > 1:
+        _check_zonal(group.issues, at, parsed)
     return tuple(entry for _, entry in parsed)
+
+
+def _check_zonal(issues: Issues, at: str, interfaces: list[tuple[int, NetworkInterface]]) -> None:
+    """With several zones a network or subnet given by UUID fits only one of them."""
+    for index, interface in interfaces:
+        if interface.public:
+            continue
+        if uuid_error(interface.network) is None:
+            issues.add(f"{item(at, index)}.network", f"a network given by UUID {ONE_ZONE_ONLY}")
+        if interface.subnet is not None:
+            issues.add(
+                f"{item(at, index)}.subnet",
+                f"a subnet {ONE_ZONE_ONLY}, and leave the subnet out",
+            )
 
 
 def _entry(issues: Issues, path: str, raw: Any) -> NetworkInterface | None:

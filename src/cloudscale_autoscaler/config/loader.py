@@ -344,7 +344,7 @@ def _groups(top: Fields, cluster: str | None, base_dir: Path) -> tuple[NodeGroup
         for group in parse_group(fields, base_dir):
             groups.append(group)
             _check_name(fields, group, index, first_index)
-            _check_server_name_length(fields, cluster, group.name)
+            _check_server_name_length(fields, cluster, group)
     return tuple(groups)
 
 
@@ -365,15 +365,25 @@ def _check_name(
         fields.issues.add(fields.at("zones"), reason)
 
 
-def _check_server_name_length(fields: Fields, cluster: str | None, group: str) -> None:
-    if cluster is None or dns_label_error(group) is not None:
+def _check_server_name_length(fields: Fields, cluster: str | None, group: NodeGroupConfig) -> None:
+    """`<cluster>-<group>-<suffix>` is a host name label; with zones the group's name is
+    `<name>-<zone>`."""
+    name = group.name
+    if cluster is None or dns_label_error(name) is not None:
         return
-    length = len(cluster) + len(group) + SUFFIX_LENGTH + 2
+    length = len(cluster) + len(name) + SUFFIX_LENGTH + 2
     if length > LABEL_NAME_MAX:
+        together = LABEL_NAME_MAX - SUFFIX_LENGTH - 2
+        zone = "" if group.pool is None else f"-{name.removeprefix(group.pool + '-')}"
+        budget = (
+            f"together at most {together} characters"
+            if not zone
+            else f'with "{zone}" together at most {together} characters, so at most '
+            f"{together - len(zone)} without it"
+        )
         fields.issues.add(
             fields.at("name"),
-            f'server names "{cluster}-{group}-<{SUFFIX_LENGTH} chars>" would be {length} '
+            f'server names "{cluster}-{name}-<{SUFFIX_LENGTH} chars>" would be {length} '
             f"characters, more than the {LABEL_NAME_MAX} a host name label allows; shorten "
-            f"the cluster or group name (together at most "
-            f"{LABEL_NAME_MAX - SUFFIX_LENGTH - 2} characters)",
+            f"the cluster or group name ({budget})",
         )

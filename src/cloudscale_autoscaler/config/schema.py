@@ -66,7 +66,8 @@ Schema = dict[str, Any]
 CROSS_FIELD_RULES = (
     "nodeGroups[].maxSize >= minSize",
     "node group names, <name>-<zone> of `zones` included, used once",
-    "cluster and group name together at most 53 characters (server names are host names)",
+    'cluster and group name together at most 53 characters, counting the "-<zone>" that '
+    "zones add to the group name (server names are host names)",
     "a pricing.flavorsPerHour entry for every group's flavor",
     "kubernetes.leaderElection: leaseDuration > renewDeadline > 1.2 x retryPeriod",
 )

@@ -246,15 +246,15 @@ class Running:
         provider = self.provider
         running = provider.service.engine.config
         try:
-            removed = self._serve(config)
+            names = self._serve(config)
         except Exception:
             self._serve(running)
             raise
-        provider.service.engine.stop_removed()
+        removed = provider.service.engine.stop_removed(names)
         _report_removed(provider, removed)
         return removed
 
-    def _serve(self, config: Config) -> dict[str, RemovedGroup]:
+    def _serve(self, config: Config) -> list[str]:
         removed = self.provider.service.reconfigure(config)
         self.hot.reconfigured()
         if self.provider.link is not None:

@@ -108,12 +108,13 @@ class Engine:
         """Leader election: creates and journal writes only while `fence` allows them."""
         self._fence = fence
 
-    def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
+    def reconfigure(self, config: Config) -> list[str]:
         """Serve a reloaded config (validated, same cluster and process settings) from now on:
         the groups, their sizes, templates and create settings, prices, options, all in one
         synchronous stretch (templates are built again by `warm_templates`, or on demand).
-        Returns what each group it removed still has (kept: a reload never deletes a
-        server); `stop_removed` then cancels their creates not yet sent."""
+        Returns the groups it removed; `stop_removed` then cancels their creates not yet
+        sent (what they keep is reported by `removed_groups`: a reload never deletes a
+        server)."""
         pricing = self._pricer(config)
         removed = self._inventory.reconfigure(config)
         self.config = config
@@ -121,16 +122,17 @@ class Engine:
         self.pricing = pricing
         self._options.clear()
         self._catalog.reconfigure(config)
-        report = self._inventory.removed_groups()
-        empty = RemovedGroup(0, 0, 0)
-        return {group.name: report.get(group.name, empty) for group in removed}
+        return [group.name for group in removed]
 
-    def stop_removed(self) -> None:
-        """Send nothing more for the groups reloads removed: cancel their creates not sent
-        yet, drop their placeholders (the reload's last step, once it was applied whole)."""
-        self._creations.retire(
-            list(self._inventory.retired.values()), "its node group was removed by a reload"
-        )
+    def stop_removed(self, names: list[str]) -> dict[str, RemovedGroup]:
+        """Send nothing more for the groups a reload removed: cancel their creates not sent
+        yet, drop their placeholders (the reload's last step, once it was applied whole).
+        What each still has."""
+        retired = self._inventory.retired
+        groups = [retired[name] for name in names if name in retired]
+        self._creations.retire(groups, "its node group was removed by a reload")
+        report = self._inventory.removed_groups()
+        return {name: report.get(name, RemovedGroup(0, 0, 0)) for name in names}
 
     async def warm_templates(self) -> None:
         """Build the templates of the running config from the flavors fetched already."""

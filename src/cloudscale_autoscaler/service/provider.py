@@ -27,7 +27,6 @@ from cloudscale_autoscaler.engine.errors import (
     Unimplemented,
 )
 from cloudscale_autoscaler.engine.group import NodeRef
-from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service import pricing
 from cloudscale_autoscaler.service.codes import StatusCode
@@ -130,9 +129,9 @@ class CloudProviderService:
         # For the status view: which groups CA last asked to change, and when.
         self.seen = CallsSeen(g.name for g in config.node_groups)
 
-    def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
-        """Serve a reloaded config (Engine.reconfigure, in the same synchronous stretch); what
-        the removed groups still have. gpuLabel is not reloadable (CA reads it once)."""
+    def reconfigure(self, config: Config) -> list[str]:
+        """Serve a reloaded config (Engine.reconfigure, in the same synchronous stretch); the
+        groups it removed. gpuLabel is not reloadable (CA reads it once)."""
         node_groups = _node_groups(config)
         removed = self.engine.reconfigure(config)
         self._node_groups = node_groups

@@ -95,3 +95,37 @@ async def test_a_missing_configmap_names_what_to_create(kube: Kube, provider_api
         assert decode((await asyncio.to_thread(stored, kube)).data[KEY], CLUSTER).holder == "pod-a"
     finally:
         await asyncio.to_thread(reset_election, kube)
+
+
+async def test_a_configmap_deleted_while_held_is_written_anew_or_named(
+    kube: Kube, provider_api: KubeApi
+) -> None:
+    """Deleted by hand while a replica holds it: every write failed with "not found" until the
+    process restarted. Now the next write makes it again where the account may create it, and
+    says what to create where it may not."""
+
+    def delete() -> None:
+        with kube.client() as api:
+            k8s.CoreV1Api(api).delete_namespaced_config_map(JOURNAL, NAMESPACE)
+
+    mine: list[Entry] = []
+    held = journal_of(provider_api, "pod-a", mine)
+    await held.claim()
+    await asyncio.to_thread(delete)
+    mine.append(ONE)
+    try:
+        with pytest.raises(JournalError, match="may not create it: create it empty"):
+            await held.persist()
+        admin = KubeApi(await asyncio.to_thread(load_client, kube.admin_kubeconfig))
+        try:
+            by_admin = journal_of(admin, "pod-a", mine)
+            await by_admin.claim()
+            await asyncio.to_thread(delete)
+            mine.append(TWO)
+            await by_admin.persist()
+        finally:
+            await asyncio.to_thread(admin.close)
+        decoded = decode((await asyncio.to_thread(stored, kube)).data[KEY], CLUSTER)
+        assert (decoded.holder, decoded.entries) == ("pod-a", [ONE, TWO])
+    finally:
+        await asyncio.to_thread(reset_election, kube)

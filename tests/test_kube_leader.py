@@ -73,9 +73,10 @@ def ha_config(
     kubeconfig: Path | None = None,
     lease_seconds: float = LEASE_SECONDS,
     client_timeout: float = 30.0,
+    cloud_url: str | None = None,
 ) -> Path:
     return write_config(
-        tmp_path / name, pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
+        tmp_path / name, pki, cloud_url or emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
         cloudscale={"maxConcurrentCreates": 2, "timeoutSeconds": client_timeout},
         metrics={"listen": f"127.0.0.1:{free_port()}"},
         kubernetes={
@@ -109,14 +110,18 @@ async def replicas(
         kubeconfig: Path | None = None,
         lease_seconds: float = LEASE_SECONDS,
         client_timeout: float = 30.0,
+        cloud_url: str | None = None,
     ) -> ServeProcess:
         config = ha_config(
-            tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds, client_timeout
-        )
+            tmp_path, name, pki, emulator, kube, kubeconfig, lease_seconds, client_timeout,
+            cloud_url,
+        )  # fmt: skip
         env = pod_env(name)
         process = await start_serve(config, log_level="info", metrics=True, env=env)
         started.append(process)
-        if leader:
+        if cloud_url is not None:
+            await process.wait_for_output("competes for Lease")  # never Ready: no cloud
+        elif leader:
             await eventually(lambda: _leads(process), 30, f"{name} never became the leader")
         else:
             await process.wait_for_output("competes for Lease")
@@ -480,6 +485,23 @@ async def test_leader_regaining_the_lease_while_the_cloud_is_down_waits_for_a_li
     assert await target_and_nodes(a, pki) == (2, sorted(existing))
 
 
+async def test_a_leader_that_cannot_load_its_inventory_hands_the_lease_to_one_that_can(
+    replicas: Replicas, kube: Kube, emulator: RunningEmulator
+) -> None:
+    """A takes the Lease with a cloud URL nothing answers, so it can never load its inventory
+    nor serve. It kept the Lease for ever (no endpoint, no failover) while B could reach the
+    API; after three failed loads it releases it and sits a leaseDuration out."""
+    a = await replicas("replica-a", cloud_url=f"http://127.0.0.1:{free_port()}/v1")
+
+    async def a_holds() -> bool:
+        return bool((await read_lease(kube)).spec.holder_identity == "replica-a")
+
+    await eventually(a_holds, 30, "replica-a never took the Lease")
+    b = await replicas("replica-b")
+    await eventually(lambda: _leads(b), 120, "replica-b never took over from replica-a")
+    assert "gives Lease" in a.output and "could not be loaded 3 times" in a.output
+
+
 class Cable:
     """A TCP relay to the API server on loopback; `cut()` drops every connection and refuses
     new ones, as an API server that became unreachable does, for this replica only."""
@@ -517,14 +539,7 @@ class Cable:
 async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_renew_deadline(
     replicas: Replicas, pki: PKI, kube: Kube, tmp_path: Path
 ) -> None:
-    api = urlsplit(kube.url)
-    cable = Cable(api.hostname or "127.0.0.1", api.port or 443)
-    await cable.start()
-    document = yaml.safe_load(kube.provider_kubeconfig.read_text())
-    for entry in document["clusters"]:
-        entry["cluster"]["server"] = f"https://127.0.0.1:{cable.port}"
-    kubeconfig = tmp_path / "through-cable.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(document))
+    kubeconfig, cable = await _through_cable(kube, tmp_path)
     a = await replicas(
         "replica-a", leader=True, kubeconfig=kubeconfig, lease_seconds=CUT_LEASE_SECONDS
     )
@@ -550,6 +565,91 @@ async def test_leader_that_cannot_reach_the_api_server_stops_serving_by_its_rene
         message == f"this replica is a standby (Lease {NAMESPACE}/{LEASE}): no leader is known yet"
     )
     assert "could not renew Lease" in a.output
+
+
+async def test_a_leader_cut_off_from_the_api_server_sends_no_create_after_its_renew_deadline(
+    replicas: Replicas, pki: PKI, kube: Kube, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """A create the API throttles is retried (429, Retry-After 1) by a leader that then loses
+    the API server: it kept retrying for minutes after its Lease lapsed, so a successor that
+    had written the create off saw it made later (doubled, past maxSize). No attempt starts
+    once its renew deadline passed (the fence), and the create fails NOT_LEADING."""
+    kubeconfig, cable = await _through_cable(kube, tmp_path)
+    a = await replicas("replica-a", leader=True, kubeconfig=kubeconfig)
+    await emulator.admin.set_faults(
+        {"rate_limit": {"create_server": {"rate": 1.0, "retry_after": 1}}}
+    )
+    await call(
+        a, pki, "NodeGroupIncreaseSize", pb.NodeGroupIncreaseSizeRequest(id="workers", delta=1)
+    )
+
+    async def throttled_twice() -> bool:
+        return sum((await emulator.admin.stats()).get("create_server", {}).values()) >= 2
+
+    await eventually(throttled_twice, 30, "the create was never retried")
+    cable.cut()
+    await eventually(lambda: _stands_by(a), 30, "the leader still serves without the API server")
+    deadline_passed = sum((await emulator.admin.stats()).get("create_server", {}).values())
+    await asyncio.sleep(4.0)  # four Retry-After periods
+    attempts = sum((await emulator.admin.stats()).get("create_server", {}).values())
+    assert attempts <= deadline_passed + 1, "creates sent after the Lease lapsed"
+    await eventually(lambda: _said(a, "NOT_LEADING"), 30, "the fenced create never failed")
+    assert await emulator.admin.servers() == []
+
+
+async def _said(process: ServeProcess, text: str) -> bool:
+    return text in process.output
+
+
+async def _through_cable(kube: Kube, tmp_path: Path) -> tuple[Path, Cable]:
+    """A kubeconfig reaching the API server through a Cable the test can cut."""
+    api = urlsplit(kube.url)
+    cable = Cable(api.hostname or "127.0.0.1", api.port or 443)
+    await cable.start()
+    document = yaml.safe_load(kube.provider_kubeconfig.read_text())
+    for entry in document["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{cable.port}"
+    kubeconfig = tmp_path / "through-cable.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(document))
+    return kubeconfig, cable
+
+
+async def test_without_leader_election_the_journal_is_the_configmap_a_new_pod_reads(
+    pki: PKI,
+    emulator: RunningEmulator,
+    kube: Kube,
+    fresh_election: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One replica with a `kubernetes:` section and no leader election, killed during a
+    scale-up and replaced by a new Pod (a new, empty emptyDir): it counts the creates the dead
+    one recorded, because the journal is the ConfigMap (it was a file in the emptyDir)."""
+    config = write_config(
+        tmp_path / "single", pki, emulator.url, TOKEN, cluster=CLUSTER, groups=[GROUP],
+        cloudscale={"timeoutSeconds": CLIENT_TIMEOUT_SECONDS},
+        kubernetes={"kubeconfig": str(kube.provider_kubeconfig), "driftInterval": "0s",
+                    "leaderElection": {"leaseName": LEASE, "namespace": NAMESPACE}},
+    )  # fmt: skip
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 3000}}})
+    first = await start_serve(config, log_level="info")
+    try:
+        await call(first, pki, "NodeGroupIncreaseSize",
+                   pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2))  # fmt: skip
+
+        async def out() -> bool:
+            return (await emulator.admin.in_flight()).get("create_server", 0) == 2
+
+        await wait_until(out, 30, "the creates were never sent")
+    finally:
+        await first.kill()
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "new-pod-emptydir"))
+    second = await start_serve(config, log_level="info")
+    try:
+        assert await target_of(second, pki) == 2, second.output
+        assert f"creation journal: ConfigMap {NAMESPACE}/{LEASE}-journal" in second.output
+    finally:
+        await second.kill()
 
 
 # --- the gRPC Service's EndpointSlice, which the leader points at its own Pod ----------------

@@ -133,6 +133,7 @@ class ClusterLink:
             journal = ConfigMapStore(
                 self._api, namespace, election.journal_name, election.renew_deadline_seconds
             )
+            log.info("creation journal: %s", journal.where)
             engine.use_journal(journal, identity)
         if namespace is not None and election.enabled:
             self.serving = Serving(f"{namespace}/{election.lease_name}")

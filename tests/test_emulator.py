@@ -730,3 +730,19 @@ def test_emulator_command_rejects_a_bad_listen_address() -> None:
     from cloudscale_autoscaler.commands.emulator import emulator_command
 
     assert emulator_command("nonsense", None, 0, 0.0) == 2
+
+
+async def test_a_flavor_changed_by_the_admin_api_is_what_the_api_lists(
+    emulator: RunningEmulator, emulator_client: httpx.AsyncClient
+) -> None:
+    await emulator.admin.change_flavor("flex-4-2", memory_gb=6)
+    await emulator.admin.change_flavor("flex-4-2", vcpu_count=float("inf"))
+    listed = {f["slug"]: f for f in (await emulator_client.get("/flavors")).json()}
+    assert (listed["flex-4-2"]["memory_gb"], listed["flex-4-2"]["vcpu_count"]) == (6, float("inf"))
+    assert listed["flex-8-4"]["memory_gb"] == 8
+    with pytest.raises(httpx.HTTPStatusError) as unknown:
+        await emulator.admin.change_flavor("flex-99-99", memory_gb=1)
+    assert unknown.value.response.status_code == 404
+    await emulator.admin.reset()
+    listed = {f["slug"]: f for f in (await emulator_client.get("/flavors")).json()}
+    assert listed["flex-4-2"]["memory_gb"] == 4

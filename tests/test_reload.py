@@ -28,11 +28,13 @@ from fixtures.tls import PKI, grpc_channel
 from fixtures.tools import free_port
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
+from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.reload.fixed import fixed_changes
+from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
 
 CLUSTER = "reload"
 RELOADED = 15.0  # the provider checks every 2 s; a loaded machine takes longer to answer
@@ -273,6 +275,95 @@ async def test_a_refused_reload_keeps_the_running_config_until_a_valid_one(
     await until(applied, "the next valid file was never applied")
     assert (await status(serve))["config"]["ok"] is True
     assert await metric(serve, "cloudscale_autoscaler_config_reload_success") == 1.0
+
+
+async def test_a_catalogue_the_client_cannot_read_fails_no_refresh_and_no_reload_for_good(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    """The API lists a flavor with 1e999 vCPUs: int() of it raised OverflowError, which failed
+    every Refresh (INTERNAL) and ended the reload task for good (SIGHUP did nothing, the
+    success metric stayed 1). It is a malformed answer: the flavors are read from the slugs,
+    the reload attempt fails, counted, and the file is tried again."""
+    await emulator.admin.change_flavor("flex-4-2", vcpu_count=float("inf"))
+    written = write_config(
+        tmp_path / "seed",
+        pki,
+        emulator.url,
+        TOKEN,
+        cluster=CLUSTER,
+        groups=[workers()],
+        metrics={"listen": f"127.0.0.1:{free_port()}"},
+    )
+    document = yaml.safe_load(written.read_text())
+    mount = Mounted(tmp_path / "mount", document)
+    serve = await start_serve(mount.path, log_level="info", metrics=True)
+    try:
+        await call(serve, pki, "Refresh", pb.RefreshRequest())
+        mount.write({**document, "nodeGroups": [workers(maxSize=3)]})
+
+        async def failed() -> bool:
+            return await metric(serve, RELOADS + '{outcome="failed"}') >= 1
+
+        await until(failed, "the attempt was never counted as failed")
+        assert await metric(serve, "cloudscale_autoscaler_config_reload_success") == 0.0
+        assert "malformed API response" in " ".join((await status(serve))["config"]["errors"])
+        await emulator.admin.change_flavor("flex-4-2", vcpu_count=2)
+
+        async def applied() -> bool:
+            return await groups_served(serve, pki) == {"workers": (0, 3)}
+
+        await until(applied, "the file was never tried again")
+        assert await metric(serve, RELOADS + '{outcome="applied"}') == 1
+        assert await metric(serve, "cloudscale_autoscaler_config_reload_success") == 1.0
+    finally:
+        await serve.kill()
+
+
+async def test_an_apply_that_raises_is_counted_and_the_next_change_applies(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator
+) -> None:
+    """Whatever goes wrong in an attempt (here the applying step itself) refuses that attempt
+    and leaves the reloader running for the next change (the task ended on it)."""
+    path = write_config(tmp_path, pki, emulator.url, TOKEN, groups=[workers()])
+    running = load_config(path)
+    applied: list[int] = []
+
+    async def online_check(config: Config) -> list[str]:
+        return []
+
+    async def apply(config: Config) -> None:
+        if not applied:
+            applied.append(0)
+            raise RuntimeError("a bug while applying")
+        applied.append(config.node_groups[0].max_size)
+
+    reloader = Reloader(ConfigFile.before_loading(path), running, online_check, apply, 0.05)
+    task = asyncio.create_task(reloader.run())
+    try:
+        document = yaml.safe_load(path.read_text())
+        document["nodeGroups"][0]["maxSize"] = 3
+        path.write_text(yaml.safe_dump(document))
+        await until(lambda: _settled(reloader, 1), "the failing attempt never ended")
+        assert reloader.status.ok is False
+        assert "a bug while applying" in reloader.status.errors[0]
+        document["nodeGroups"][0]["maxSize"] = 4
+        path.write_text(yaml.safe_dump(document))
+        await until(lambda: _settled(reloader, 2), "the next change was never tried")
+        assert (applied, reloader.status.ok, reloader.counts) == (
+            [0, 4],
+            True,
+            {"applied": 1, "refused": 0, "failed": 1},
+        )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _settled(reloader: Reloader, attempts: int) -> bool:
+    return sum(reloader.counts.values()) >= attempts
+
+
+RELOADS = "cloudscale_autoscaler_config_reloads_total"
 
 
 async def test_sighup_reads_the_file_at_once(

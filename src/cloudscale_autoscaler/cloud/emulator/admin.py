@@ -11,7 +11,7 @@ from aiohttp import web
 
 from cloudscale_autoscaler.cloud.emulator import api
 from cloudscale_autoscaler.cloud.emulator.api import STATE
-from cloudscale_autoscaler.cloud.emulator.catalogue import ZONES
+from cloudscale_autoscaler.cloud.emulator.catalogue import FLAVORS, ZONES
 from cloudscale_autoscaler.cloud.emulator.faults import Faults, parse_faults
 from cloudscale_autoscaler.cloud.emulator.responses import (
     NOT_FOUND,
@@ -48,6 +48,7 @@ def add_routes(app: web.Application) -> None:
     router.add_put(f"{PREFIX}/faults", put_faults)
     router.add_delete(f"{PREFIX}/faults", clear_faults)
     router.add_post(f"{PREFIX}/reset", reset)
+    router.add_put(f"{PREFIX}/flavors/{{slug}}", change_flavor)
 
 
 async def servers(request: web.Request) -> web.Response:
@@ -121,6 +122,20 @@ async def put_faults(request: web.Request) -> web.Response:
 async def clear_faults(request: web.Request) -> web.Response:
     request.app[STATE].set_faults(Faults())
     return no_content()
+
+
+async def change_flavor(request: web.Request) -> web.Response:
+    """The body's fields replace the flavor's in GET /v1/flavors from now on (until reset):
+    the catalogue changed, or the API answers what it never should (1e999 is infinity)."""
+    slug = request.match_info["slug"]
+    if slug not in FLAVORS:
+        raise detail(404, NOT_FOUND)
+    fields = await read_json(request)
+    if not isinstance(fields, dict):
+        raise detail(400, "Expected a JSON object of flavor fields.")
+    changes = request.app[STATE].flavor_changes
+    changes[slug] = {**changes.get(slug, {}), **fields}
+    return json_value(changes[slug])
 
 
 async def reset(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ import hmac
 from aiohttp import web
 
 from cloudscale_autoscaler.cloud.emulator.catalogue import (
+    FLAVORS,
     FlavorSpec,
     flavors_body,
     images_body,
@@ -356,7 +357,10 @@ def non_empty_group_message(ident: str, members: int) -> str:
 
 
 async def list_flavors(request: web.Request) -> web.Response:
-    return json_bytes(_CATALOGUE["flavors"])
+    changes = request.app[STATE].flavor_changes
+    if not changes:
+        return json_bytes(_CATALOGUE["flavors"])
+    return json_value([{**f.to_json(), **changes.get(f.slug, {})} for f in FLAVORS.values()])
 
 
 async def list_images(request: web.Request) -> web.Response:

@@ -90,6 +90,8 @@ class EmulatorState:
         for spec in SERVER_GROUPS.values():
             self._add_group(spec.uuid, spec.name, spec.zone, {})
         self.rng = random.Random(self.seed)
+        # Fields of flavors changed by the admin API, by slug: what GET /v1/flavors answers.
+        self.flavor_changes: dict[str, dict[str, Any]] = {}
         self.set_faults(Faults())
         self.deletions: list[dict[str, Any]] = []
         self.stats: dict[str, dict[str, int]] = {}

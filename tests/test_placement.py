@@ -5,11 +5,15 @@ the rest, and what a create found full or is being deleted is not used."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+from typing import Any
 
 import pytest
 
+from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import ServerGroup
-from cloudscale_autoscaler.engine.placement import MAX_MEMBERS, Placement, Slot
+from cloudscale_autoscaler.engine.background import Background
+from cloudscale_autoscaler.engine.placement import MAX_MEMBERS, Placement, ServerGroups, Slot
 
 
 def listed(**members: int) -> list[ServerGroup]:
@@ -133,3 +137,26 @@ async def test_a_server_group_of_another_zone_is_never_assigned() -> None:
     placement.apply_listing(listed(a=1), 0)
     assert where(placement.assign(1, {}, "prod-workers")) == ["new0"]
     assert set(placement.known) == {"a"}
+
+
+class _CrashingCloud:
+    """A cloud whose server-group create fails with something other than a CloudError (a
+    bug, a library's own exception): the one thing ServerGroups needs of a Cloud here."""
+
+    async def create_server_group(
+        self, name: str, zone: str, tags: dict[str, str], fence: object = None
+    ) -> ServerGroup:
+        raise RuntimeError("a bug in the client")
+
+
+async def test_a_server_group_create_that_crashes_fails_the_creates_placed_in_it() -> None:
+    """The creations placed in a server group being made wait for it; a failure outside
+    CloudError left them waiting for ever (the scale-up hung, its slots taken)."""
+    ticks = itertools.count(1)
+    cloud: Any = _CrashingCloud()
+    groups = ServerGroups(cloud, Background(), "prod", lambda: None, ticks.__next__)
+    placement = Placement("lpg1")
+    (slot,) = groups.place("workers", placement, 1, {})
+    with pytest.raises(CloudError, match="internal error: RuntimeError"):
+        await asyncio.wait_for(slot.resolve(), 2.0)
+    assert placement.pending == [] and placement.known == {}

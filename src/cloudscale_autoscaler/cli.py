@@ -5,6 +5,7 @@ fast."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -13,16 +14,38 @@ from pathlib import Path
 from cloudscale_autoscaler import __version__
 
 
+def _global_options(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--log-format and --log-level. The top-level parser holds the defaults; each
+    subcommand's takes them too, without defaults of its own (`default` SUPPRESS), so the
+    flags work before and after the subcommand and one given after it wins."""
+    parser.add_argument(
+        "--log-format",
+        choices=["plain", "json"],
+        default=default or "plain",
+        help="plain lines or one JSON object per line, on stderr (default: plain)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default or "info",
+        help="the least severe level logged (default: info)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cloudscale-autoscaler",
         description="Kubernetes Cluster Autoscaler externalgrpc cloud provider for cloudscale.ch",
     )
-    parser.add_argument("--log-format", choices=["plain", "json"], default="plain")
-    parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="info"
+    _global_options(parser)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, default=argparse.SUPPRESS)
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        parser_class=functools.partial(argparse.ArgumentParser, parents=[common]),
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the gRPC provider")
     serve.add_argument("--config", type=Path, required=True, help="YAML config file")

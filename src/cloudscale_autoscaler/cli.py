@@ -52,10 +52,17 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("--config", type=Path, required=True)
-    check.add_argument(
+    where = check.add_mutually_exclusive_group()
+    where.add_argument(
         "--online",
         action="store_true",
         help="also check flavors, images, zones, networks and subnets against the cloud API",
+    )
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        help="lint a config meant for a Pod anywhere (CI): read no TLS, token or kubeconfig "
+        "file, resolve no host name, ask no cluster; lists each check it skipped",
     )
 
     sub.add_parser("version", help="print the version")
@@ -173,7 +180,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "check-config":
         from cloudscale_autoscaler.commands.check_config import run_check
 
-        return run_check(args.config, online=args.online)
+        return run_check(args.config, online=args.online, offline=args.offline)
     if command == "emulator":
         from cloudscale_autoscaler.commands.emulator import emulator_command
 

@@ -5,11 +5,11 @@ fast."""
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cloudscale_autoscaler import __version__
 
@@ -32,19 +32,23 @@ def _global_options(parser: argparse.ArgumentParser, default: str | None = None)
     )
 
 
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: it takes the global flags as well."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        common = argparse.ArgumentParser(add_help=False)
+        _global_options(common, default=argparse.SUPPRESS)
+        super().__init__(parents=[common], **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cloudscale-autoscaler",
         description="Kubernetes Cluster Autoscaler externalgrpc cloud provider for cloudscale.ch",
     )
     _global_options(parser)
-    common = argparse.ArgumentParser(add_help=False)
-    _global_options(common, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(
-        dest="command",
-        required=True,
-        metavar="COMMAND",
-        parser_class=functools.partial(argparse.ArgumentParser, parents=[common]),
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
     )
 
     serve = sub.add_parser("serve", help="run the gRPC provider")

@@ -142,6 +142,27 @@ def _parser() -> argparse.ArgumentParser:
         help="table: for a terminal; json: the document as served (default: %(default)s)",
     )
 
+    smoke = sub.add_parser(
+        "smoke",
+        help="create one server of a group as IncreaseSize would, check the provider would "
+        "count and delete it, delete it (nothing without --yes)",
+    )
+    smoke.add_argument("--config", type=Path, required=True)
+    smoke.add_argument("group", help="the node group (its name as CA sees it: workers-lpg1)")
+    smoke.add_argument(
+        "--yes",
+        action="store_true",
+        help="create the server (it costs money on the real API); without it: only the plan",
+    )
+    smoke.add_argument(
+        "--timeout",
+        type=_duration,
+        default="10m",
+        metavar="DURATION",
+        help="how long to wait for the server to run, and to be gone after its delete "
+        "(default: 10m)",
+    )
+
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
     demo.add_argument(
@@ -152,6 +173,18 @@ def _parser() -> argparse.ArgumentParser:
         "(default: a temporary directory, removed on exit)",
     )
     return parser
+
+
+def _duration(text: str) -> float:
+    from cloudscale_autoscaler.config.values import parse_go_duration
+
+    try:
+        seconds = parse_go_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return seconds
 
 
 # The shell's convention for a process ended by SIGINT (128 + 2).
@@ -206,6 +239,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cloudscale_autoscaler.commands.status import status_command
 
         return status_command(args.url, args.output)
+    if command == "smoke":
+        from cloudscale_autoscaler.commands.smoke import smoke_command
+
+        return smoke_command(args.config, args.group, yes=args.yes, timeout=args.timeout)
     if command == "demo":
         from cloudscale_autoscaler.commands.demo import demo_command
 

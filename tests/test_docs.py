@@ -92,8 +92,11 @@ def test_emulator_help_says_what_the_seed_seeds_and_shows_defaults() -> None:
     [
         ("emulator", "--token", "not set: accepts any token"),
         ("check-config", "--online", "networks and subnets"),
-        ("demo", "--certs-dir", "config and mTLS certificates"),
+        ("demo", "--certs-dir", "config, mTLS certificates and CA's cloud-config"),
         ("status", "--url", "GET /status (metrics.listen)"),
+        ("check-config", "--offline", "lists each check it skipped"),
+        ("smoke", "--yes", "it costs money on the real API"),
+        ("rpc", "--node", "looked up in the API"),
     ],
 )
 def test_every_option_has_help_that_says_what_it_does(command: str, option: str, says: str) -> None:

@@ -163,14 +163,40 @@ def _parser() -> argparse.ArgumentParser:
         "(default: 10m)",
     )
 
+    rpc = sub.add_parser(
+        "rpc",
+        help="call one CloudProvider RPC as the Cluster Autoscaler does and print the answer "
+        "as JSON",
+    )
+    rpc.add_argument(
+        "--cloud-config",
+        type=Path,
+        required=True,
+        help="CA's externalgrpc cloud-config: address, cert, key, cacert, grpc_timeout",
+    )
+    rpc.add_argument("method", metavar="METHOD", help="NodeGroups, NodeGroupTargetSize, ...")
+    rpc.add_argument(
+        "body", nargs="?", metavar="JSON", help='the request, e.g. \'{"id": "workers"}\''
+    )
+    rpc.add_argument("--group", help="the request's node group id")
+    rpc.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        help="NodeGroupForNode's node, DeleteNodes' nodes (repeat): cloudscale://<uuid>, a "
+        "server UUID or a server name (looked up in the API with the provider's config)",
+    )
+    rpc.add_argument("--config", type=Path, help="the provider's config, to look server names up")
+
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
     demo.add_argument(
         "--certs-dir",
         type=Path,
         default=None,
-        help="directory for the demo's config and mTLS certificates, kept for grpcurl "
-        "(default: a temporary directory, removed on exit)",
+        help="directory for the demo's config, mTLS certificates and CA's cloud-config, kept "
+        "for `rpc --cloud-config DIR/cloud-config.yaml` (default: a temporary directory, "
+        "removed on exit)",
     )
     return parser
 
@@ -243,6 +269,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cloudscale_autoscaler.commands.smoke import smoke_command
 
         return smoke_command(args.config, args.group, yes=args.yes, timeout=args.timeout)
+    if command == "rpc":
+        from cloudscale_autoscaler.commands.rpc import RpcArgs, rpc_command
+
+        return rpc_command(
+            RpcArgs(args.cloud_config, args.method, args.body, args.group, args.node, args.config)
+        )
     if command == "demo":
         from cloudscale_autoscaler.commands.demo import demo_command
 

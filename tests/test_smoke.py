@@ -19,7 +19,6 @@ from fixtures.emulator import TOKEN, FakeClock, RunningEmulator
 from fixtures.tools import cli
 
 from cloudscale_autoscaler.commands.smoke import (
-    EXIT_DRY_RUN,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_PASSED,
@@ -120,7 +119,7 @@ async def test_without_yes_it_shows_the_plan_and_creates_nothing(
     emulator: RunningEmulator, tmp_path: Path
 ) -> None:
     code, out, _ = await smoke(write_config(tmp_path, emulator.url))
-    assert code == EXIT_DRY_RUN
+    assert code == EXIT_PASSED
     assert "server:       prod-workers-" in out and "flavor flex-8-4, image debian-12" in out
     assert "networks:     public, network k8s-nodes (7a1c0000-0000-4000-8000-000000000001)" in out
     assert "a new anti-affinity server group prod-workers-" in out
@@ -231,14 +230,14 @@ async def test_the_next_run_removes_what_a_killed_run_left(
     await killed.finish()
     (left,) = await emulator.admin.servers()
     code, out, _ = await smoke(config)
-    assert code == EXIT_DRY_RUN and f"leftovers:    {left['name']}, from earlier smoke runs" in out
+    assert code == EXIT_PASSED and f"leftovers:    {left['name']}, from earlier smoke runs" in out
     emulator.state.boot_seconds = 0.0  # the next run's server runs at once
     code, out, err = await smoke(config, "--yes")
     assert code == EXIT_PASSED, out + err
     assert f"leftovers: deleting what earlier runs left: server {left['name']}" in out
     await assert_nothing_left(emulator)
     code, out, _ = await smoke(config)
-    assert code == EXIT_DRY_RUN and "leftovers:" not in out
+    assert code == EXIT_PASSED and "leftovers:" not in out
 
 
 async def test_an_unknown_group_or_a_bad_timeout_is_a_clear_error(

@@ -14,9 +14,9 @@ first. Nothing is created without --yes.
 
 Whatever stops it (a failed step, the timeout, Ctrl-C or SIGTERM), it deletes what it made:
 the server (found by its request tag, so also when the create's answer was lost) and the
-server group. Exit codes: 0 passed; 1 a step failed, all cleaned up; 2 invalid config or
-group; 3 without --yes, nothing created; 4 cleanup incomplete, what is left is named;
-130 interrupted, all cleaned up.
+server group. Exit codes: 0 passed (without --yes: the plan was made, nothing created); 1 a
+step failed, all cleaned up; 2 invalid config or group; 4 cleanup incomplete, what is left is
+named; 130 interrupted, all cleaned up.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
-EXIT_DRY_RUN = 3
 EXIT_LEFT_BEHIND = 4
 EXIT_INTERRUPTED = 130
 # A smoke test is interactive: a failing API should show within seconds, not after the
@@ -89,7 +88,7 @@ async def _dry_run(smoke: Smoke) -> int:
         names_left = ", ".join(server.name for server in left)
         print(f"  leftovers:    {names_left}, from earlier smoke runs: --yes deletes them first")
     print("not created: run it again with --yes to create this server, check it and delete it")
-    return EXIT_DRY_RUN
+    return EXIT_PASSED
 
 
 async def _run(smoke: Smoke, plan: Plan) -> int:

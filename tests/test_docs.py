@@ -75,7 +75,8 @@ def test_tests_and_docs_point_at_no_machine_path() -> None:
 def test_quick_start_says_how_the_demo_ends() -> None:
     readme = (ROOT / "README.md").read_text()
     quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    assert "Ctrl-C" in quick_start and "demo --once" in quick_start and "grpcurl" in quick_start
+    assert "Ctrl-C" in quick_start and "demo --once" in quick_start
+    assert "cloudscale-autoscaler rpc --cloud-config" in quick_start
 
 
 def test_emulator_help_says_what_the_seed_seeds_and_shows_defaults() -> None:
@@ -92,8 +93,11 @@ def test_emulator_help_says_what_the_seed_seeds_and_shows_defaults() -> None:
     [
         ("emulator", "--token", "not set: accepts any token"),
         ("check-config", "--online", "networks and subnets"),
-        ("demo", "--certs-dir", "config and mTLS certificates"),
+        ("demo", "--certs-dir", "config, mTLS certificates and CA's cloud-config"),
         ("status", "--url", "GET /status (metrics.listen)"),
+        ("check-config", "--offline", "lists each check it skipped"),
+        ("smoke", "--yes", "it costs money on the real API"),
+        ("rpc", "--node", "looked up in the API"),
     ],
 )
 def test_every_option_has_help_that_says_what_it_does(command: str, option: str, says: str) -> None:

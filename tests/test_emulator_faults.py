@@ -205,6 +205,33 @@ async def test_fail_next_creates_does_not_count_invalid_requests(
     assert "Quota" in (await create(emulator_client)).json()["detail"]
 
 
+@pytest.mark.parametrize("status", [500, 409])
+async def test_fail_next_deletes_refuses_deletes_of_existing_servers_only(
+    emulator: RunningEmulator, emulator_client: httpx.AsyncClient, status: int
+) -> None:
+    await emulator.admin.set_faults({"fail_next_deletes": {"count": 2, "status": status}})
+    uuid = (await create(emulator_client)).json()["uuid"]
+    # An unknown server is a 404 as ever, and does not use up the count.
+    assert (await emulator_client.delete("/servers/" + "0" * 32)).status_code == 404
+    for _ in range(2):
+        refused = await emulator_client.delete(f"/servers/{uuid}")
+        assert refused.status_code == status and "detail" in refused.json()
+    assert [s["uuid"] for s in await emulator.admin.servers()] == [uuid]
+    assert (await emulator.admin.faults())["fail_next_deletes"] == {"count": 0, "status": status}
+    assert (await emulator_client.delete(f"/servers/{uuid}")).status_code == 204
+    assert await emulator.admin.servers() == []
+
+
+async def test_fail_next_deletes_status_is_checked(emulator: RunningEmulator) -> None:
+    async with httpx.AsyncClient(base_url=emulator.admin_url) as admin:
+        body = {"fail_next_deletes": {"count": 1, "status": 200}}
+        response = await admin.put("/faults", json=body)
+    assert response.status_code == 400
+    assert response.json() == {
+        "fail_next_deletes.status": ["got 200, expected an integer between 400 and 599"]
+    }
+
+
 async def test_zones_out_of_capacity(
     emulator: RunningEmulator, emulator_client: httpx.AsyncClient
 ) -> None:

@@ -139,10 +139,11 @@ def test_the_pool_label_needs_node_labels_in_the_user_data(tmp_path: Path) -> No
 
 
 def readme_pool_example() -> str:
+    """The README's config example (its Configure section): a pool in both zones."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    start = text.index("A pool in both zones")
-    block = text[start:].split("```yaml\n", 1)[1].split("```", 1)[0]
-    assert block.startswith("nodeGroups:"), block
+    section = text.split("\n## Configure\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert "zones: [lpg1, rma1]" in block and "antiAffinity: true" in block, block
     return block
 
 

@@ -9,8 +9,36 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cloudscale_autoscaler import __version__
+
+
+def _global_options(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--log-format and --log-level. The top-level parser holds the defaults; each
+    subcommand's takes them too, without defaults of its own (`default` SUPPRESS), so the
+    flags work before and after the subcommand and one given after it wins."""
+    parser.add_argument(
+        "--log-format",
+        choices=["plain", "json"],
+        default=default or "plain",
+        help="plain lines or one JSON object per line, on stderr (default: plain)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default or "info",
+        help="the least severe level logged (default: info)",
+    )
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: it takes the global flags as well."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        common = argparse.ArgumentParser(add_help=False)
+        _global_options(common, default=argparse.SUPPRESS)
+        super().__init__(parents=[common], **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,21 +46,27 @@ def _parser() -> argparse.ArgumentParser:
         prog="cloudscale-autoscaler",
         description="Kubernetes Cluster Autoscaler externalgrpc cloud provider for cloudscale.ch",
     )
-    parser.add_argument("--log-format", choices=["plain", "json"], default="plain")
-    parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="info"
+    _global_options(parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the gRPC provider")
     serve.add_argument("--config", type=Path, required=True, help="YAML config file")
 
     check = sub.add_parser("check-config", help="validate a config file and summarise it")
     check.add_argument("--config", type=Path, required=True)
-    check.add_argument(
+    where = check.add_mutually_exclusive_group()
+    where.add_argument(
         "--online",
         action="store_true",
         help="also check flavors, images, zones, networks and subnets against the cloud API",
+    )
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        help="lint a config meant for a Pod anywhere (CI): read no TLS, token or kubeconfig "
+        "file, resolve no host name, ask no cluster; lists each check it skipped",
     )
 
     sub.add_parser("version", help="print the version")
@@ -108,16 +142,75 @@ def _parser() -> argparse.ArgumentParser:
         help="table: for a terminal; json: the document as served (default: %(default)s)",
     )
 
+    smoke = sub.add_parser(
+        "smoke",
+        help="create one server of a group as IncreaseSize would, check the provider would "
+        "count and delete it, delete it (nothing without --yes)",
+    )
+    smoke.add_argument("--config", type=Path, required=True)
+    smoke.add_argument("group", help="the node group (its name as CA sees it: workers-lpg1)")
+    smoke.add_argument(
+        "--yes",
+        action="store_true",
+        help="create the server (it costs money on the real API); without it: only the plan",
+    )
+    smoke.add_argument(
+        "--timeout",
+        type=_duration,
+        default="10m",
+        metavar="DURATION",
+        help="how long to wait for the server to run, and to be gone after its delete "
+        "(default: 10m)",
+    )
+
+    rpc = sub.add_parser(
+        "rpc",
+        help="call one CloudProvider RPC as the Cluster Autoscaler does and print the answer "
+        "as JSON",
+    )
+    rpc.add_argument(
+        "--cloud-config",
+        type=Path,
+        required=True,
+        help="CA's externalgrpc cloud-config: address, cert, key, cacert, grpc_timeout",
+    )
+    rpc.add_argument("method", metavar="METHOD", help="NodeGroups, NodeGroupTargetSize, ...")
+    rpc.add_argument(
+        "body", nargs="?", metavar="JSON", help='the request, e.g. \'{"id": "workers"}\''
+    )
+    rpc.add_argument("--group", help="the request's node group id")
+    rpc.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        help="NodeGroupForNode's node, DeleteNodes' nodes (repeat): cloudscale://<uuid>, a "
+        "server UUID or a server name (looked up in the API with the provider's config)",
+    )
+    rpc.add_argument("--config", type=Path, help="the provider's config, to look server names up")
+
     demo = sub.add_parser("demo", help="emulator + server + a CA-like scale-up/down timeline")
     demo.add_argument("--once", action="store_true", help="exit after the timeline")
     demo.add_argument(
         "--certs-dir",
         type=Path,
         default=None,
-        help="directory for the demo's config and mTLS certificates, kept for grpcurl "
-        "(default: a temporary directory, removed on exit)",
+        help="directory for the demo's config, mTLS certificates and CA's cloud-config, kept "
+        "for `rpc --cloud-config DIR/cloud-config.yaml` (default: a temporary directory, "
+        "removed on exit)",
     )
     return parser
+
+
+def _duration(text: str) -> float:
+    from cloudscale_autoscaler.config.values import parse_go_duration
+
+    try:
+        seconds = parse_go_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return seconds
 
 
 # The shell's convention for a process ended by SIGINT (128 + 2).
@@ -150,7 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "check-config":
         from cloudscale_autoscaler.commands.check_config import run_check
 
-        return run_check(args.config, online=args.online)
+        return run_check(args.config, online=args.online, offline=args.offline)
     if command == "emulator":
         from cloudscale_autoscaler.commands.emulator import emulator_command
 
@@ -172,6 +265,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cloudscale_autoscaler.commands.status import status_command
 
         return status_command(args.url, args.output)
+    if command == "smoke":
+        from cloudscale_autoscaler.commands.smoke import smoke_command
+
+        return smoke_command(args.config, args.group, yes=args.yes, timeout=args.timeout)
+    if command == "rpc":
+        from cloudscale_autoscaler.commands.rpc import RpcArgs, rpc_command
+
+        return rpc_command(
+            RpcArgs(args.cloud_config, args.method, args.body, args.group, args.node, args.config)
+        )
     if command == "demo":
         from cloudscale_autoscaler.commands.demo import demo_command
 

@@ -1,4 +1,5 @@
-"""`cloudscale-autoscaler check-config [--online]`: validate, summarise, optionally ask the API.
+"""`cloudscale-autoscaler check-config [--online | --offline]`: validate, summarise,
+optionally ask the API, or lint without the Pod's files.
 
 Exit codes: 0 = valid (and, with --online, every flavor, image and zone exists), 2 = any error,
 including an unreachable API or a rejected token.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,9 +20,11 @@ from cloudscale_autoscaler.cloud.models import Network, Subnet
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.config.interfaces import interfaces_text
 from cloudscale_autoscaler.config.kubernetes import kubernetes_text, outside_pod_error
-from cloudscale_autoscaler.config.loader import TOKEN_ENV, load_config
+from cloudscale_autoscaler.config.loader import TOKEN_ENV, load_config, load_offline
+from cloudscale_autoscaler.config.manifests import ManifestProblem, config_in_manifests
 from cloudscale_autoscaler.config.pricing import price_text, pricing_text
 from cloudscale_autoscaler.config.types import Config, ConfigError, NodeGroupConfig, PricingConfig
+from cloudscale_autoscaler.config.yamlfile import YamlProblem, read_document
 from cloudscale_autoscaler.engine.catalogue_check import (
     Catalogue,
     catalogue_errors,
@@ -40,18 +45,82 @@ EXIT_INVALID = 2
 ONLINE_MAX_RETRIES = 1
 
 
-def run_check(path: Path, online: bool) -> int:
-    config, errors = validate(path)
-    if config is None or errors:
-        _print_errors(f"{path}: invalid config", errors)
+STDIN = Path("-")
+STDIN_ONLY_OFFLINE = "standard input (--config -) is read only with --offline"
+# What `serve` checks before it listens that --offline leaves out with the loader's own.
+START_CHECKS_SKIPPED = (
+    "tls: certificate, key and client CA not loaded nor matched (offline)",
+    "kubernetes: credentials and the Lease namespace not checked (offline)",
+)
+
+
+def run_check(path: Path, online: bool, offline: bool = False) -> int:
+    if offline:
+        return _offline(path)
+    if path == STDIN:
+        _print_errors(f"{path}: invalid config", [STDIN_ONLY_OFFLINE])
         return EXIT_INVALID
-    print(f"{path}: config OK")
+    config, errors = validate(path)
+    return _report(str(path), config, errors, [], online=online)
+
+
+def _offline(path: Path) -> int:
+    """--offline: the file, or standard input (`-`), holds a config or rendered manifests
+    (`helm template`, `kustomize build`) with the provider's ConfigMap."""
+    try:
+        text = sys.stdin.read() if path == STDIN else read_document(path)
+        found = config_in_manifests(text)
+    except ManifestProblem as exc:
+        _print_errors(f"{path}: invalid config", [f"{path}: {exc}"])
+        return EXIT_INVALID
+    except (OSError, UnicodeDecodeError, YamlProblem) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        _print_errors(f"{path}: invalid config", [f"{path}: cannot read: {reason}"])
+        return EXIT_INVALID
+    shown = "standard input" if path == STDIN else str(path)
+    where = shown if found is None else f"{shown} ({found[0]})"
+    if found is None and path != STDIN:
+        return _report(where, *validate_offline(path), online=False)
+    with tempfile.TemporaryDirectory(prefix="check-config-") as tmp:
+        config_file = Path(tmp) / "config.yaml"
+        config_file.write_text(text if found is None else found[1], encoding="utf-8")
+        return _report(where, *validate_offline(config_file), online=False)
+
+
+def _report(
+    where: str, config: Config | None, errors: list[str], skipped: list[str], *, online: bool
+) -> int:
+    if config is None or errors:
+        _print_errors(f"{where}: invalid config", errors)
+        return EXIT_INVALID
+    print(f"{where}: config OK" + (" (offline)" if skipped else ""))
     print(summary(config))
     for warning in config_warnings(config):
         to_stderr(log, logging.WARNING, warning, plain_prefix="warning: ")
+    if skipped:
+        print(
+            f"skipped ({len(skipped)} checks that need the Pod's files, the network or the "
+            "cluster; `check-config` without --offline runs them):"
+        )
+        print("\n".join(f"  {line}" for line in skipped))
     if not online:
         return EXIT_OK
     return _online(config)
+
+
+def validate_offline(path: Path) -> tuple[Config | None, list[str], list[str]]:
+    """Every check that needs neither the files a Pod mounts (TLS, token, kubeconfig), nor
+    the network, nor the cluster: the config, its errors and the checks left out."""
+    try:
+        config, skipped = load_offline(path)
+    except ConfigError as exc:
+        return exc.partial, list(exc.errors), []
+    return config, [], [*skipped, *_start_checks_skipped(config)]
+
+
+def _start_checks_skipped(config: Config) -> list[str]:
+    tls, kube = START_CHECKS_SKIPPED
+    return ([] if config.tls.insecure else [tls]) + ([kube] if config.kubernetes else [])
 
 
 def validate(path: Path, env: Mapping[str, str] | None = None) -> tuple[Config | None, list[str]]:

@@ -4,7 +4,7 @@ It starts the cloudscale.ch API emulator and the provider (mutual TLS with fresh
 development certificates), then plays the calls the Cluster Autoscaler makes over gRPC and
 prints what each answer means: the node groups, a template, a scale-up from zero, a creation
 that fails and becomes a placeholder CA deletes, and a scale-down. Then it keeps serving and
-prints ready-to-paste grpcurl commands (or exits with --once).
+prints ready-to-paste `cloudscale-autoscaler rpc` commands (or exits with --once).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
-from cloudscale_autoscaler.service.provider import SERVICE_NAME
 from cloudscale_autoscaler.transport.certs import mint_dev_pki
 from cloudscale_autoscaler.transport.server import ListenError
 
@@ -261,20 +260,30 @@ async def _scale_down(ca: DemoClient, timeline: Timeline) -> None:
     timeline.say(f"after Refresh: {len(instances)} instances left in the cloud")
 
 
-def _grpcurl_help(certs: Path, port: int, api_url: str) -> str:
-    flags = f"-cacert {certs}/ca.crt -cert {certs}/client.crt -key {certs}/client.key"
-    target = f"127.0.0.1:{port}"
+def write_cloud_config(workspace: Path, port: int) -> Path:
+    """CA's cloud-config for the demo's provider: what `rpc --cloud-config` reads."""
+    certs = workspace / "certs"
+    path = workspace / "cloud-config.yaml"
+    path.write_text(
+        f"address: 127.0.0.1:{port}\ncert: {certs}/client.crt\nkey: {certs}/client.key\n"
+        f"cacert: {certs}/ca.crt\ngrpc_timeout: 15s\n"
+    )
+    return path
+
+
+def _rpc_help(workspace: Path, port: int, api_url: str) -> str:
+    rpc = f"cloudscale-autoscaler rpc --cloud-config {workspace}/cloud-config.yaml"
     return textwrap.dedent(
         f"""
-        The provider serves on {target} (mutual TLS); the emulated API on {api_url}.
-        Try it with grpcurl (reflection is on, no proto files needed):
+        The provider serves on 127.0.0.1:{port} (mutual TLS); the emulated API on {api_url}.
+        Call it as CA does (CA's cloud-config and client certificate), in another terminal:
 
-          grpcurl {flags} {target} list
-          grpcurl {flags} {target} {SERVICE_NAME}/NodeGroups
-          grpcurl {flags} -d '{{"id": "workers"}}' {target} {SERVICE_NAME}/NodeGroupTargetSize
-          grpcurl {flags} -d '{{"id": "workers", "delta": 1}}' \\
-              {target} {SERVICE_NAME}/NodeGroupIncreaseSize
-          grpcurl {flags} -d '{{"id": "workers"}}' {target} {SERVICE_NAME}/NodeGroupNodes
+          {rpc} NodeGroups
+          {rpc} NodeGroupTargetSize --group workers
+          {rpc} NodeGroupIncreaseSize '{{"id": "workers", "delta": 1}}'
+          {rpc} NodeGroupNodes --group workers
+          {rpc} NodeGroupDeleteNodes --group workers \\
+              --node <a cloudscale://... id from NodeGroupNodes>
         """
     )
 
@@ -324,7 +333,8 @@ async def _run_in(workspace: Path, timeline: Timeline, *, once: bool) -> int:
                 await _scale_down(ca, timeline)
             timeline.step("Done: scale-up from zero, a placeholder for a failure, scale-down")
             if not once:
-                print(_grpcurl_help(certs, server.port, emulator.url), flush=True)
+                write_cloud_config(workspace, server.port)
+                print(_rpc_help(workspace, server.port, emulator.url), flush=True)
                 await _wait_for_signal()
         finally:
             await server.stop(1.0)

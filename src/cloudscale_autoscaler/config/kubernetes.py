@@ -46,7 +46,9 @@ def parse_kubernetes(top: Fields, base_dir: Path) -> KubernetesConfig | None:
     fields = top.section("kubernetes", KUBERNETES_KEYS)
     written = fields.string("kubeconfig")
     kubeconfig = None if written is None else resolve(base_dir, written)
-    if kubeconfig is not None and not kubeconfig.is_file():
+    if kubeconfig is not None and fields.issues.offline:
+        fields.issues.skip(fields.at("kubeconfig"), f"{kubeconfig} not read (offline)")
+    elif kubeconfig is not None and not kubeconfig.is_file():
         fields.issues.add(fields.at("kubeconfig"), f"file not found: {kubeconfig}")
     interval = _duration(fields, "driftInterval", DEFAULT_DRIFT_INTERVAL, zero_allowed=True)
     return KubernetesConfig(

@@ -7,6 +7,7 @@ file's own directory. The API token is read here and never appears in an error o
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -84,13 +85,27 @@ NO_TOKEN = f"no API token: set cloudscale.tokenFile or the {TOKEN_ENV} environme
 def load_config(path: Path, env: Mapping[str, str] | None = None) -> Config:
     """Parse and validate the config file at `path`; `env` defaults to os.environ."""
     environment = os.environ if env is None else env
-    data = _read_document(path)
-    issues = Issues()
-    config = _parse(Fields(issues, "", data, TOP_KEYS), path.absolute().parent, environment)
-    if issues:
-        raise ConfigError(issues.errors, source=str(path), partial=config)
+    config = _load(path, environment, Issues())
     # Defence in depth: mask the token in any log line, whatever path it takes there.
     register_secret(config.cloudscale.token)
+    return config
+
+
+def load_offline(path: Path) -> tuple[Config, list[str]]:
+    """The config at `path` checked without what only its Pod has: the TLS and token files
+    are not read (the token stays empty), stateDir is not tried, host names are not resolved,
+    the environment is not consulted. Files the config itself refers to (userData.file,
+    kubelet.configFile) are read. Returns the config and the checks left out; raises
+    ConfigError as load_config does."""
+    issues = Issues(offline=True)
+    return _load(path, {}, issues), issues.skipped
+
+
+def _load(path: Path, env: Mapping[str, str], issues: Issues) -> Config:
+    data = _read_document(path)
+    config = _parse(Fields(issues, "", data, TOP_KEYS), path.absolute().parent, env)
+    if issues:
+        raise ConfigError(issues.errors, source=str(path), partial=config)
     return config
 
 
@@ -169,6 +184,9 @@ def _state_dir(top: Fields, base_dir: Path) -> Path | None:
     if written is None:
         return None
     path = resolve(base_dir, written)
+    if top.issues.offline:
+        top.issues.skip("stateDir", f"not checked that {path} is writable (offline)")
+        return path
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         top.issues.add("stateDir", f"not a directory: {existing}")
@@ -191,9 +209,21 @@ def _address(fields: Fields, key: str) -> str | None:
     except ValueError as exc:
         fields.issues.add(fields.at(key), str(exc))
         return None
-    if not fields.issues.check(fields.at(key), _unresolvable(value, host.strip("[]"))):
+    host = host.strip("[]")
+    if fields.issues.offline and not _is_ip(host):
+        fields.issues.skip(fields.at(key), f'host name "{host}" not resolved (offline)')
+        return value
+    if not fields.issues.check(fields.at(key), _unresolvable(value, host)):
         return None
     return value
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _unresolvable(value: str, host: str) -> str | None:
@@ -242,7 +272,10 @@ def _tls(fields: Fields, base_dir: Path) -> TLSConfig:
         if written is None and not fields.present(key) and fields.valid:
             fields.issues.add(fields.at(key), "required unless tls.insecure is true")
         elif (resolved := files[key]) is not None:
-            fields.issues.check(fields.at(key), _readable_file_error(resolved))
+            if fields.issues.offline:
+                fields.issues.skip(fields.at(key), f"{resolved} not read (offline)")
+            else:
+                fields.issues.check(fields.at(key), _readable_file_error(resolved))
     if insecure and any(files.values()):
         log.warning("tls.insecure is true: tls.cert, tls.key and tls.clientCA are ignored")
     return TLSConfig(
@@ -292,10 +325,15 @@ def _token(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> tuple[str,
     written = fields.string("tokenFile")
     if written is None:
         token = env.get(TOKEN_ENV, "").strip()
-        if not token and not fields.present("tokenFile"):
+        if fields.issues.offline and not fields.present("tokenFile"):
+            fields.issues.skip(at, f"not checked that the Pod sets {TOKEN_ENV} (offline)")
+        elif not token and not fields.present("tokenFile"):
             fields.issues.add(at, NO_TOKEN)
         return token, None
     path = resolve(base_dir, written)
+    if fields.issues.offline:
+        fields.issues.skip(at, f"{path} not read (offline)")
+        return "", path
     try:
         token = read_text(path).strip()
     except FileProblem as problem:

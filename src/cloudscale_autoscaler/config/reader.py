@@ -62,10 +62,21 @@ def describe(value: Any) -> str:
 
 
 class Issues:
-    """The growing list of `<path>: <reason>` lines."""
+    """The growing list of `<path>: <reason>` lines.
 
-    def __init__(self) -> None:
+    `offline` (check-config --offline, linting a config meant for a Pod elsewhere): the
+    checks that need the files the Pod mounts, the network or the cluster are not run; each
+    one left out is listed in `skipped` as `<path>: <what was not checked>`."""
+
+    def __init__(self, *, offline: bool = False) -> None:
         self.errors: list[str] = []
+        self.offline = offline
+        self.skipped: list[str] = []
+
+    def skip(self, path: str, what: str) -> None:
+        line = f"{path}: {what}"
+        if line not in self.skipped:
+            self.skipped.append(line)
 
     def add(self, path: str, reason: str) -> None:
         """Each line once: a `zones` entry is read once per zone."""

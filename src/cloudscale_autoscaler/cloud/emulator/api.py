@@ -3,7 +3,7 @@
 Pipeline order (each step can answer instead of the handler): down -> latency -> auth ->
 rate_limit -> error_rate -> handler. A server create adds, after validation: fail_next_creates ->
 zones_out_of_capacity -> host_shortage (creates naming a server group) -> quota -> create ->
-lose_create_responses.
+lose_create_responses. A server delete of an existing server adds fail_next_deletes.
 """
 
 from __future__ import annotations
@@ -281,6 +281,11 @@ def quota_problem(state: EmulatorState, flavor: FlavorSpec) -> str | None:
 
 async def delete_server(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    failing = state.faults.fail_next_deletes
+    if failing is not None and request.match_info["uuid"] in state.servers:
+        status = failing.take()
+        if status is not None:
+            raise detail(status, _ERROR_DETAILS.get(status, f"Emulated error (HTTP {status})."))
     linger = state.faults.slow_deletes_seconds
     if not state.delete(request.match_info["uuid"], "api", linger):
         raise detail(404, NOT_FOUND)

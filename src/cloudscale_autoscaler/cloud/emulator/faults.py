@@ -46,6 +46,7 @@ _TOP_LEVEL = frozenset(
         "rate_limit",
         "quota",
         "fail_next_creates",
+        "fail_next_deletes",
         "zones_out_of_capacity",
         "host_shortage",
         "lose_create_responses",
@@ -105,6 +106,20 @@ class Countdown:
 
 
 @dataclass(slots=True)
+class DeleteFailures:
+    """The next `count` deletes of an existing server answer `status` and delete nothing."""
+
+    count: int
+    status: int = 500
+
+    def take(self) -> int | None:
+        if self.count <= 0:
+            return None
+        self.count -= 1
+        return self.status
+
+
+@dataclass(slots=True)
 class HostShortage:
     """No host left for one more member of a server group: server creates that name a server
     group, in `zones` (every zone when empty), are refused; with `count`, only the next
@@ -139,6 +154,7 @@ class Faults:
     rate_limit: dict[str, RateLimit] = field(default_factory=dict)
     quota: Quota | None = None
     fail_next_creates: Countdown | None = None
+    fail_next_deletes: DeleteFailures | None = None
     zones_out_of_capacity: tuple[str, ...] = ()
     host_shortage: HostShortage | None = None
     lose_create_responses: Countdown | None = None
@@ -183,6 +199,8 @@ class Faults:
                 "count": self.fail_next_creates.count,
                 "kind": self.fail_next_creates.what,
             }
+        if self.fail_next_deletes:
+            body["fail_next_deletes"] = asdict(self.fail_next_deletes)
         if self.zones_out_of_capacity:
             body["zones_out_of_capacity"] = list(self.zones_out_of_capacity)
         if self.host_shortage is not None:
@@ -230,6 +248,12 @@ def parse_faults(body: Any, zones: tuple[str, ...]) -> Faults:
             "kind",
             CREATE_FAILURE_KINDS,
             "server_error",
+        )
+    if obj.get("fail_next_deletes") is not None:
+        failing = _object(obj["fail_next_deletes"], "fail_next_deletes", {"count", "status"})
+        faults.fail_next_deletes = DeleteFailures(
+            count=_integer(failing.get("count", 1), "fail_next_deletes.count", 0, None),
+            status=_integer(failing.get("status", 500), "fail_next_deletes.status", 400, 599),
         )
     if obj.get("lose_create_responses") is not None:
         faults.lose_create_responses = _countdown(

@@ -90,7 +90,11 @@ class Inventory:
         background: Background,
         clock: Callable[[], float],
         fence: Fence,
+        *,
+        tidy: bool = True,
     ) -> None:
+        """`tidy` False: a reading inventory (`smoke`'s), which never lists the server groups
+        of node groups that manage none, so never deletes one."""
         self._config = config
         self._cloud = cloud
         self._background = background
@@ -105,7 +109,8 @@ class Inventory:
         self.server_groups = ServerGroups(cloud, background, config.cluster, fence, self.tick)
         # Whether the next listing also lists server groups: the first one does, to find the
         # managed ones of node groups configured no more; later ones while there are any.
-        self._list_server_groups_next = True
+        self._list_server_groups_next = tidy
+        self._tidy = tidy
         self._applied_start = 0  # start tick of the listing the inventory comes from
         self._stale = False  # set by forget until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
@@ -130,7 +135,7 @@ class Inventory:
         one started before is dropped. The journal is claimed again before that listing."""
         self._applied_start = self.tick()
         self._stale = True
-        self._list_server_groups_next = True
+        self._list_server_groups_next = self._tidy
         if self._claiming is not None:
             self._claiming.cancel()  # a claim under way must not finish for a lost leadership
         if self.journal is not None:
@@ -215,7 +220,7 @@ class Inventory:
             group = self.groups.get(name) or self.retired.get(name)
             if group is None or not group.creations:  # nothing of its may be joining one
                 self.server_groups.tidy(name, placement, {}, now, grace)
-        self._list_server_groups_next = bool(orphans)
+        self._list_server_groups_next = self._tidy and bool(orphans)
 
     def _managed(self, listed: list[ServerGroup]) -> dict[str, list[ServerGroup]]:
         """The listed server groups this provider manages, by node group name."""
@@ -343,7 +348,7 @@ class Inventory:
             group.apply_listing(others.get(name, {}), start)
             if not any(True for _ in group.pending_creations()) and not group.deleting:
                 del self.retired[name]  # nothing of it in flight any more: the listing tells
-                self._list_server_groups_next = True  # its server groups are orphans now
+                self._list_server_groups_next = self._tidy  # its server groups: orphans
         self._rebuild_index()
         self.journal_changed()  # creates it showed are confirmed
         return True
@@ -442,7 +447,7 @@ class Inventory:
         for name in self.groups:
             self.unconfigured.pop(name, None)
         # Managed server groups may have changed hands (a group removed, antiAffinity off).
-        self._list_server_groups_next = True
+        self._list_server_groups_next = self._tidy
         self._ignored_groups -= self.groups.keys()  # a group back again is no longer ignored
         self._adopt_foreign(old.keys())
         self._rebuild_index()

@@ -183,13 +183,14 @@ class Placement:
         return [uuid for uuid, since in self.empty_since.items() if now - since >= grace]
 
 
+def managed_tags(cluster: str, group: str) -> dict[str, str]:
+    """The tags of a server group the provider manages for node group `group`."""
+    return {TAG_CLUSTER: cluster, TAG_GROUP: group, TAG_MANAGED: MANAGED}
+
+
 def managed_by(cluster: str, group: str, server_group: ServerGroup) -> bool:
     tags = server_group.tags
-    return (
-        tags.get(TAG_CLUSTER) == cluster
-        and tags.get(TAG_GROUP) == group
-        and tags.get(TAG_MANAGED) == MANAGED
-    )
+    return all(tags.get(key) == value for key, value in managed_tags(cluster, group).items())
 
 
 class ServerGroups:
@@ -213,7 +214,7 @@ class ServerGroups:
         self.orphans: dict[str, Placement] = {}
 
     def tags(self, group: str) -> dict[str, str]:
-        return {TAG_CLUSTER: self._cluster, TAG_GROUP: group, TAG_MANAGED: MANAGED}
+        return managed_tags(self._cluster, group)
 
     def place(self, group: str, placement: Placement, count: int, placed: Placed) -> list[Slot]:
         """Slots for `count` creations of `group`; new server groups are created at once."""

@@ -12,12 +12,11 @@ from cloudscale_autoscaler.cloud.models import ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine import names, spec
-from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.catalogue_check import online_problems
 from cloudscale_autoscaler.engine.errors import EngineError
 from cloudscale_autoscaler.engine.networks import NetworkResolver
-from cloudscale_autoscaler.engine.placement import Placement, ServerGroups
+from cloudscale_autoscaler.engine.placement import Placement, managed_tags
 from cloudscale_autoscaler.engine.pricing import hourly_price
 from cloudscale_autoscaler.template.userdata import UserDataError
 
@@ -86,7 +85,7 @@ def _server_group(
         return None, {}
     (slot,) = Placement(group.zone).assign(1, {}, f"{config.cluster}-{group.name}")
     assert slot.pending is not None  # no server group known: a new one
-    tags = ServerGroups(cloud, Background(), config.cluster).tags(group.name)
+    tags = managed_tags(config.cluster, group.name)
     return slot.pending.name, {**tags, TAG_SMOKE: stamp}
 
 

@@ -35,6 +35,7 @@ from cloudscale_autoscaler.engine.group import DeleteServer, NodeRef
 from cloudscale_autoscaler.engine.inventory import Inventory
 from cloudscale_autoscaler.engine.placement import managed_by
 from cloudscale_autoscaler.engine.providerid import format_provider_id
+from cloudscale_autoscaler.journal.writer import unfenced
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.template.labels import (
     LABEL_INSTANCE_TYPE,
@@ -355,5 +356,10 @@ def _inventory(config: Config, cloud: Cloud) -> Inventory:
     deletes the empty server groups a running provider may be about to fill."""
     groups = tuple(dataclasses.replace(g, anti_affinity=False) for g in config.node_groups)
     return Inventory(
-        dataclasses.replace(config, node_groups=groups), cloud, Background(), time.time
+        dataclasses.replace(config, node_groups=groups),
+        cloud,
+        Background(),
+        time.time,
+        unfenced,
+        tidy=False,
     )

@@ -265,3 +265,19 @@ async def test_a_claim_of_a_replica_that_lost_the_lease_meanwhile_writes_nothing
     assert not old.claimed
     assert decode(store.text or "", CLUSTER).holder == "pod-b"
     assert new.claimed
+
+
+async def test_a_batch_is_written_at_once_even_during_a_touchs_debounce() -> None:
+    """A Refresh touches the journal (confirmed creates to drop) and CA's IncreaseSize
+    follows at once: its batch waited out the touch's debounce (0.5 s) before any create was
+    sent, so IncreaseSize's verdict never saw one (found by the seams campaign)."""
+    store = Versioned()
+    in_flight: list[Entry] = []
+    journal = Journal(store, CLUSTER, "pod-a", lambda: list(in_flight), debounce_seconds=60.0)
+    await journal.claim()
+    journal.touch()
+    await asyncio.sleep(0)  # the writer is in its debounce now
+    in_flight.append(ONE)
+    await asyncio.wait_for(journal.persist(), 5.0)
+    assert decode(store.text or "", CLUSTER).entries == [ONE]
+    await journal.aclose()

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore, default_directory
 from cloudscale_autoscaler.observability.metrics import Metrics
 from cloudscale_autoscaler.observability.status import Status, collect, leader_status
-from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
+from cloudscale_autoscaler.reload.reloader import Apply, ConfigFile, Reloader
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
@@ -70,13 +71,24 @@ class Provider:
                 log.exception("error while shutting down")
 
 
-async def build_provider(config: Config) -> Provider:
-    """Construct the service and everything behind it."""
+# Makes the Kubernetes side of a provider (default: ClusterLink.connect, which reads the
+# kubeconfig or the in-cluster account; the fault campaign passes an in-memory API).
+LinkFactory = Callable[[Config, Engine, Metrics], Awaitable["ClusterLink"]]
+
+
+async def build_provider(
+    config: Config,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    link: LinkFactory | None = None,
+) -> Provider:
+    """Construct the service and everything behind it; `clock` is the engine's (and should
+    be the link's)."""
     metrics = Metrics()
     client = CloudscaleClient.from_config(
         config.cloudscale, on_request=metrics.observe_cloud_request
     )
-    engine = Engine(config, client)
+    engine = Engine(config, client, clock=clock)
     metrics.track_groups(engine.group_stats)
     metrics.track_removed(engine.removed_groups)
     metrics.last_refresh.set_function(lambda: engine.last_refresh_unix)
@@ -91,21 +103,25 @@ async def build_provider(config: Config) -> Provider:
     check = asyncio.create_task(_check_catalogue(config, client, provider))
     provider.closers.append(lambda: _cancel(check))
     try:
-        await _connect(provider, config, engine)
+        await _connect(provider, config, engine, link)
     except BaseException:  # a failure, or a signal abandoning start-up (cancellation)
         await provider.aclose()
         raise
     return provider
 
 
-async def _connect(provider: Provider, config: Config, engine: Engine) -> None:
+async def _connect(
+    provider: Provider, config: Config, engine: Engine, make_link: LinkFactory | None
+) -> None:
     """The Kubernetes side, if configured, and the first inventory load; each may wait."""
     link = None
     if config.kubernetes is not None:
-        # Imported only here: without the section nothing loads the kubernetes package.
-        from cloudscale_autoscaler.kube.link import ClusterLink
+        if make_link is None:
+            # Imported only here: without the section nothing loads the kubernetes package.
+            from cloudscale_autoscaler.kube.link import ClusterLink
 
-        link = await ClusterLink.connect(config, engine, provider.metrics)
+            make_link = ClusterLink.connect
+        link = await make_link(config, engine, provider.metrics)
         provider.link, provider.serving = link, link.serving
         provider.closers.append(link.aclose)  # registered last, closed first: releases the Lease
     if not engine.has_journal:
@@ -239,27 +255,8 @@ class Running:
         return self.server.port
 
     def reconfigure(self, config: Config) -> dict[str, RemovedGroup]:
-        """Serve a reloaded config (validated): the service and engine, the transport's
-        answers and the drift check, in one synchronous stretch; whole or not at all (on a
-        failure the running config is put back the same way, and the error raised). Then the
-        removed groups send nothing more; what each still has is returned (and reported)."""
-        provider = self.provider
-        running = provider.service.engine.config
-        try:
-            names = self._serve(config)
-        except Exception:
-            self._serve(running)
-            raise
-        removed = provider.service.engine.stop_removed(names)
-        _report_removed(provider, removed)
-        return removed
-
-    def _serve(self, config: Config) -> list[str]:
-        removed = self.provider.service.reconfigure(config)
-        self.hot.reconfigured()
-        if self.provider.link is not None:
-            self.provider.link.reconfigure(config)
-        return removed
+        """Serve a reloaded config (see `reconfigure`), the transport's answers included."""
+        return reconfigure(self.provider, config, self.hot.reconfigured)
 
     async def stop(self, grace: float = DEFAULT_GRACE_SECONDS) -> None:
         if self._reloading is not None:  # no reload while the server drains
@@ -270,6 +267,47 @@ class Running:
             if self.health is not None:
                 await self.health.stop()
             await self.provider.aclose()
+
+
+def reconfigure(
+    provider: Provider, config: Config, republish: Callable[[], None]
+) -> dict[str, RemovedGroup]:
+    """Serve a reloaded config (validated): the service and engine, what the transport
+    answers by itself (`republish`) and the drift check, in one synchronous stretch; whole or
+    not at all (on a failure the running config is put back the same way, and the error
+    raised). Then the removed groups send nothing more; what each still has is returned (and
+    reported)."""
+    running = provider.service.engine.config
+    try:
+        names = _serve(provider, config, republish)
+    except Exception:
+        _serve(provider, running, republish)
+        raise
+    removed = provider.service.engine.stop_removed(names)
+    _report_removed(provider, removed)
+    return removed
+
+
+def _serve(provider: Provider, config: Config, republish: Callable[[], None]) -> list[str]:
+    removed = provider.service.reconfigure(config)
+    republish()
+    if provider.link is not None:
+        provider.link.reconfigure(config)
+    return removed
+
+
+def reload_apply(provider: Provider, republish: Callable[[], None]) -> Apply:
+    """The reloader's `apply`: `reconfigure`, then the new templates built (best effort: they
+    are built on demand too)."""
+
+    async def apply(config: Config) -> None:
+        reconfigure(provider, config, republish)
+        try:
+            await provider.service.engine.warm_templates()
+        except Exception:
+            log.exception("config reload: building the new templates failed")
+
+    return apply
 
 
 async def start_provider(
@@ -330,13 +368,7 @@ def _reload_from(source: ConfigFile, running: Running) -> None:
     async def online_check(config: Config) -> list[str]:
         return await online_problems(config.node_groups, engine.cloud)
 
-    async def apply(config: Config) -> None:
-        running.reconfigure(config)
-        try:
-            await engine.warm_templates()  # applied already; templates are built on demand too
-        except Exception:
-            log.exception("config reload: building the new templates failed")
-
+    apply = reload_apply(provider, running.hot.reconfigured)
     reloader = Reloader(source, engine.config, online_check, apply)
     metrics = provider.metrics
     metrics.config_reload_success.set_function(lambda: float(reloader.status.ok is not False))

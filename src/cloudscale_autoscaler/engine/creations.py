@@ -194,7 +194,8 @@ class Creations:
 
     async def _verdict(self, group: GroupState, batch: Batch) -> None:
         try:
-            await asyncio.wait_for(batch.settled.wait(), self._config.increase_size_wait_seconds)
+            async with asyncio.timeout(self._config.increase_size_wait_seconds):
+                await batch.settled.wait()
         except TimeoutError:
             return  # still in flight: slow creations report through NodeGroupNodes
         error = batch.first_error

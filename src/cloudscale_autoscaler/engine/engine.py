@@ -193,7 +193,10 @@ class Engine:
 
     async def load(self, timeout_seconds: float = 10.0) -> None:
         """Load the inventory now; raises CloudUnavailable or TimeoutError."""
-        await asyncio.wait_for(self.refresh(), timeout_seconds)
+        # asyncio.timeout: 3.11's wait_for can swallow a cancel (leadership lost) that comes
+        # as the listing ends, and the new leader's preparation would carry on.
+        async with asyncio.timeout(timeout_seconds):
+            await self.refresh()
 
     def forget_inventory(self) -> None:
         """Mark the inventory stale (a new leadership: another replica may have changed the

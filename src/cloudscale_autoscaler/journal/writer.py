@@ -67,6 +67,8 @@ class Journal:
         self._requested = 0  # persist() calls so far
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
+        # Set by persist(): a batch waits to be sent, so a touch's debounce ends at once.
+        self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -130,6 +132,7 @@ class Journal:
         self._requested += 1
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((self._requested, done))
+        self._urgent.set()
         self._start()
         await asyncio.shield(done)
 
@@ -147,8 +150,13 @@ class Journal:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                if not self._waiters:
-                    await asyncio.sleep(self._debounce)  # a touch: let more changes gather
+                if not self._waiters:  # a touch: let more changes gather, unless a batch waits
+                    # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                    # comes as the event is set, and the writer would then never stop.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._debounce):
+                            await self._urgent.wait()
+                self._urgent.clear()
                 covered = self._requested
                 try:
                     await self._write()
@@ -170,6 +178,7 @@ class Journal:
                 continue
             elif error is not None:
                 done.set_exception(error)
+                done.exception()  # retrieved: a caller cancelled meanwhile waits no more
             else:
                 done.set_result(None)
         self._waiters = still

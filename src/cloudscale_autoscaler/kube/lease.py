@@ -171,11 +171,13 @@ class Elector:
         await asyncio.sleep(retry)
         deadline = self._deadline()
         while (remaining := deadline - self._clock()) > 0:
-            try:
-                if await asyncio.wait_for(self._attempt(remaining), remaining):
-                    return True
+            try:  # asyncio.timeout: 3.11's wait_for can swallow the cancel of a shutdown
+                async with asyncio.timeout(remaining):
+                    won = await self._attempt(remaining)
             except TimeoutError:
                 break
+            if won:
+                return True
             holder = self._holder_seen()
             if holder is not None:  # another replica holds the Lease: no retry can win it back
                 log.error(

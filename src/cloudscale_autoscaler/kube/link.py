@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -103,24 +104,28 @@ class ClusterLink:
         if config.kubernetes is None:
             raise ValueError("ClusterLink needs the kubernetes section")
         client, namespace = await _in_daemon_thread(preflight, config.kubernetes)
-        return cls(config, engine, metrics, client, namespace)
+        return cls(config, engine, metrics, KubeApi(client), namespace)
 
     def __init__(
         self,
         config: Config,
         engine: Engine,
         metrics: Metrics,
-        client: k8s.ApiClient,
+        api: KubeApi,
         namespace: str | None,
+        clock: Callable[[], float] = time.monotonic,
+        identity: str | None = None,
     ) -> None:
-        """`client` and `namespace` as `preflight` returns them (namespace: None when the
-        journal is not a ConfigMap, and then without leader election)."""
+        """`api` over the client `preflight` returns, and its `namespace` (None when the
+        journal is not a ConfigMap, and then without leader election); `clock` is the serving
+        gate's and the Lease's (CLOCK_MONOTONIC, as the transport's); `identity` this
+        replica's name in the Lease and the journal (default: the Pod's)."""
         settings = config.kubernetes
         if settings is None:
             raise ValueError("ClusterLink needs the kubernetes section")
         self._settings = settings
         self._engine = engine
-        self._api = KubeApi(client)
+        self._api = api
         self._drift_task: asyncio.Task[None] | None = None
         self._elector: Elector | None = None
         self._elector_task: asyncio.Task[None] | None = None
@@ -128,7 +133,7 @@ class ClusterLink:
         self._route_task: asyncio.Task[None] | None = None
         self.serving = Serving()
         election = settings.leader_election
-        identity = default_identity()
+        identity = identity or default_identity()
         if namespace is not None:
             journal = ConfigMapStore(
                 self._api, namespace, election.journal_name, election.renew_deadline_seconds
@@ -136,7 +141,7 @@ class ClusterLink:
             log.info("creation journal: %s", journal.where)
             engine.use_journal(journal, identity)
         if namespace is not None and election.enabled:
-            self.serving = Serving(f"{namespace}/{election.lease_name}")
+            self.serving = Serving(f"{namespace}/{election.lease_name}", clock)
             self._elector = Elector(
                 self._api,
                 election,
@@ -145,6 +150,7 @@ class ClusterLink:
                 self.serving,
                 on_started=self._lead,
                 on_stopped=self._stand_down,
+                clock=clock,
             )
             engine.use_fence(self._elector.refusal)
             self.route = _leader_route(self._api, namespace, election, self.serving)
@@ -190,7 +196,8 @@ class ClusterLink:
             except (CloudUnavailable, TimeoutError) as error:
                 why = str(error) or "timed out"
                 log.warning(
-                    "leader election: inventory load %d/%d failed, not serving: %s",
+                    "leader election: inventory load failed (%d of %d before the Lease is given "
+                    "up), not serving: %s",
                     attempt,
                     ABDICATE_AFTER,
                     why,

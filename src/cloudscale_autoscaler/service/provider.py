@@ -91,7 +91,8 @@ async def _within_deadline(
     budget = remaining - min(DEADLINE_MARGIN_SECONDS, remaining / 10)
     started = time.monotonic()
     try:
-        return await asyncio.wait_for(call, budget)
+        async with asyncio.timeout(budget):
+            return await call
     except TimeoutError:
         # An API that failed during the call (and is being retried) is named with its own
         # error; one that failed nothing is slow, not unreachable.

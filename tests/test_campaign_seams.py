@@ -1,0 +1,78 @@
+"""The seams campaign (tests/campaign/seams/): two replicas of the real provider sharing a
+Lease and a journal, reloads, kills, damaged journals and cloud faults, interleaved with CA's
+calls, in virtual time.
+
+    pytest tests/test_campaign_seams.py                              # CI: the "ci" profile
+    pytest -m campaign --hypothesis-profile=long                     # >= 10,000 schedules
+
+A failing schedule is printed step by step with the blob that replays it
+(`@reproduce_failure(...)`, print_blob); `--hypothesis-seed=N` replays a whole run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fixtures.hypothesis_profiles  # noqa: F401  (registers "ci" and "long")
+import pytest
+from campaign.seams.clock import VirtualLoop
+from campaign.seams.machine import SeamsMachine
+from campaign.seams.world import TOKEN, Schedule
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from cloudscale_autoscaler.cloud.emulator.server import Emulator
+
+pytestmark = pytest.mark.campaign
+
+
+def seams_settings() -> settings:
+    """The profile chosen with --hypothesis-profile ("long"), else "seams-ci"."""
+    name = settings.get_current_profile_name()
+    return settings.get_profile("seams-ci" if name == "default" else f"seams-{name}")
+
+
+@pytest.fixture
+def vloop() -> Iterator[VirtualLoop]:
+    loop = VirtualLoop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@pytest.fixture
+def emulator(vloop: VirtualLoop) -> Iterator[Emulator]:
+    emu = Emulator(token=TOKEN, seed=0, boot_seconds=0.0)
+
+    async def start() -> None:
+        await emu.start("127.0.0.1", 0)
+        emu.state.clock = vloop.loop.time  # lingering deletions in virtual time
+
+    vloop.run(start())
+    try:
+        yield emu
+    finally:
+        vloop.run(emu.stop())
+
+
+@pytest.mark.timeout(0)
+def test_seams_campaign(vloop: VirtualLoop, emulator: Emulator, tmp_path: Path) -> None:
+    serial = itertools.count()
+
+    def make() -> Schedule:
+        emulator.state.reset()
+        return Schedule(vloop, emulator, tmp_path / f"schedule-{next(serial)}")
+
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(lambda: SeamsMachine(make), settings=seams_settings())
+    finally:
+        print(
+            f"\nseams campaign: {SeamsMachine.schedules} schedules, {SeamsMachine.steps} checked "
+            f"states, {SeamsMachine.calls} CA calls ({SeamsMachine.unrouted} found no replica "
+            f"serving) in {time.monotonic() - started:.0f} s"
+        )

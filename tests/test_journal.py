@@ -281,3 +281,42 @@ async def test_a_batch_is_written_at_once_even_during_a_touchs_debounce() -> Non
     await asyncio.wait_for(journal.persist(), 5.0)
     assert decode(store.text or "", CLUSTER).entries == [ONE]
     await journal.aclose()
+
+
+@pytest.mark.parametrize(
+    "damage", ["}{ not json", "[" * 50_000, encode("elsewhere", "x", []), encode(CLUSTER, "", [])],
+    ids=["garbage", "deep", "foreign-cluster", "no-holder"],
+)
+async def test_a_record_damaged_while_held_is_written_over(damage: str) -> None:
+    """Overwritten by hand while held: no other replica holds it, so it is ours still. The
+    holder took it for lost ("held by nobody") and refused every batch until the next Refresh
+    claimed it again (found by the seams campaign)."""
+    store = Versioned()
+    in_flight: list[Entry] = []
+    journal = Journal(store, CLUSTER, "pod-a", lambda: list(in_flight))
+    await journal.claim()
+    store.text, store.version = damage, (store.version or 0) + 1
+    in_flight.append(ONE)
+    await journal.persist()
+    decoded = decode(store.text or "", CLUSTER)
+    assert (decoded.holder, decoded.entries) == ("pod-a", [ONE])
+    assert journal.claimed
+
+
+async def test_the_writer_stops_when_cancelled_as_a_batch_wakes_it() -> None:
+    """Cancelled (its replica killed or shutting down) in the loop turn in which a batch ends
+    its debounce: with 3.11's wait_for the cancel was swallowed, the writer went back to
+    waiting, and whoever cancelled it waited for ever (found by the seams campaign)."""
+    store = Versioned()
+    journal = Journal(store, CLUSTER, "pod-a", lambda: [ONE], debounce_seconds=60.0)
+    await journal.claim()
+    journal.touch()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the writer waits in its debounce now
+    (writer,) = [t for t in asyncio.all_tasks() if "Journal._run" in repr(t.get_coro())]
+    batch = asyncio.ensure_future(journal.persist())
+    await asyncio.sleep(0)  # the batch has woken the debounce's wait
+    writer.cancel()
+    await asyncio.wait_for(asyncio.gather(writer, return_exceptions=True), 5.0)
+    assert writer.cancelled()
+    batch.cancel()

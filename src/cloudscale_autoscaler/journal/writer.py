@@ -207,16 +207,25 @@ class Journal:
 
     async def _recover_version(self) -> None:
         """After a conflict: still ours (an edit by hand, or our own write whose answer was
-        lost) means write again over it; another holder means this replica lost the record."""
+        lost), or damaged past reading (no holder: overwritten by hand, another cluster's), means
+        write again over it, as the claim would; another holder means this replica lost the
+        record. Writes are fenced by the Lease, so no other replica can be holding it then."""
         stored = await self._store.read()
-        holder = decode(stored.text or "", self._cluster).holder
-        if holder != self.holder:
+        holder = self._readable_holder(stored)
+        if holder and holder != self.holder:
             self._claimed = False
             raise JournalError(
-                f"{self.where} is now held by {holder or 'nobody'}: this replica no longer "
-                "records (nor sends) creates"
+                f"{self.where} is now held by {holder}: this replica no longer records (nor "
+                "sends) creates"
             )
         self._version = stored.version
+
+    def _readable_holder(self, stored: Stored) -> str:
+        decoded = decode(stored.text or "", self._cluster)
+        if not decoded.holder:
+            for problem in decoded.problems:
+                log.error("creation journal %s: %s; writing it over", self.where, problem)
+        return decoded.holder
 
     async def aclose(self, grace_seconds: float = 2.0) -> None:
         """A last write of what is in flight (shutdown), then stop the writer."""

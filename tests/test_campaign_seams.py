@@ -76,4 +76,3 @@ def test_seams_campaign(vloop: VirtualLoop, emulator: Emulator, tmp_path: Path) 
             f"states, {SeamsMachine.calls} CA calls ({SeamsMachine.unrouted} found no replica "
             f"serving) in {time.monotonic() - started:.0f} s"
         )
-

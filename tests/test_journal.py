@@ -83,10 +83,10 @@ async def test_a_claim_reads_what_the_last_holder_left_and_makes_the_record_ours
     tmp_path: Path,
 ) -> None:
     first = Journal(FileStore(tmp_path), CLUSTER, "pid 1", lambda: [ONE])
-    assert await first.claim() == []  # no record yet: nothing left
+    assert (await first.claim()).entries == []  # no record yet: nothing left
     await first.persist()
     second = Journal(FileStore(tmp_path), CLUSTER, "pid 2", list)
-    assert await second.claim() == [ONE]
+    assert (await second.claim()).entries == [ONE]
     decoded = decode((tmp_path / FILE_NAME).read_text(), CLUSTER)
     # Kept until the next holder's snapshot no longer lists it: a third process still sees it.
     assert (decoded.holder, decoded.entries) == ("pid 2", [ONE])
@@ -97,7 +97,7 @@ async def test_a_bad_record_is_logged_and_replaced(
 ) -> None:
     (tmp_path / FILE_NAME).write_text('{"format":1,"cluster":"prod","creations":[{"requ')
     journal = Journal(FileStore(tmp_path), CLUSTER, "pid 1", list)
-    assert await journal.claim() == []
+    assert (await journal.claim()).entries == []
     [line] = [r.getMessage() for r in caplog.records if "creation journal" in r.getMessage()]
     assert str(tmp_path / FILE_NAME) in line and "not JSON" in line
     assert decode((tmp_path / FILE_NAME).read_text(), CLUSTER).problems == []
@@ -168,7 +168,7 @@ async def test_a_replica_whose_record_was_taken_records_nothing_more() -> None:
     await old.claim()
     await old.persist()
     new = Journal(store, CLUSTER, "pod-b", list)
-    assert await new.claim() == [ONE]
+    assert (await new.claim()).entries == [ONE]
     in_flight.append(Entry("77770000aabbccdd", "workers", "prod-workers-zz", ONE.at))
     with pytest.raises(JournalError, match="now held by pod-b"):
         await old.persist()
@@ -284,7 +284,8 @@ async def test_a_batch_is_written_at_once_even_during_a_touchs_debounce() -> Non
 
 
 @pytest.mark.parametrize(
-    "damage", ["}{ not json", "[" * 50_000, encode("elsewhere", "x", []), encode(CLUSTER, "", [])],
+    "damage",
+    ["}{ not json", "[" * 50_000, encode("elsewhere", "x", []), encode(CLUSTER, "", [])],
     ids=["garbage", "deep", "foreign-cluster", "no-holder"],
 )
 async def test_a_record_damaged_while_held_is_written_over(damage: str) -> None:

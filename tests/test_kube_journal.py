@@ -59,10 +59,10 @@ async def test_only_the_holder_writes_and_the_next_one_reads_what_it_left(
     await asyncio.to_thread(label)
     mine = [ONE]
     old = journal_of(provider_api, "pod-a", mine)
-    assert await old.claim() == []
+    assert (await old.claim()).entries == []
     await old.persist()
     new = journal_of(provider_api, "pod-b", [])
-    assert await new.claim() == [ONE]
+    assert (await new.claim()).entries == [ONE]
     mine.append(TWO)  # the old leader, waking up late, would send another batch
     with pytest.raises(JournalError, match="now held by pod-b"):
         await old.persist()
@@ -89,7 +89,11 @@ async def test_a_missing_configmap_names_what_to_create(kube: Kube, provider_api
         # An account that may create it (an administrator's kubeconfig) does.
         admin = KubeApi(await asyncio.to_thread(load_client, kube.admin_kubeconfig))
         try:
-            assert await journal_of(admin, "pod-a", [ONE]).claim() == []
+            claim = await journal_of(admin, "pod-a", [ONE]).claim()
+            assert (
+                claim.entries == []
+                and claim.doubt == f"ConfigMap {NAMESPACE}/{JOURNAL} was deleted"
+            )
         finally:
             await asyncio.to_thread(admin.close)
         assert decode((await asyncio.to_thread(stored, kube)).data[KEY], CLUSTER).holder == "pod-a"

@@ -112,6 +112,9 @@ class Creations:
             )
         group, interfaces = await self._prepared(name)
         # From here to the spawns there is no await: the max check and the bump are atomic.
+        held = self._inventory.held()
+        if held is not None:
+            raise CloudUnavailable(f"IncreaseSize {name}: {held}; target size unchanged")
         problem = self._catalog.creation_problem(group.config)
         if problem is not None:
             raise FailedPrecondition(problem)

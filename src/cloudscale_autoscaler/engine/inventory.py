@@ -124,6 +124,8 @@ class Inventory:
         self.unconfigured: dict[str, int] = {}
         # Why the last listing failed, while the API is unreachable (cleared by a success).
         self.api_down: str | None = None
+        # (until, why) while scale-ups are held: the journal could not be read whole.
+        self._held: tuple[float, str] | None = None
 
     def tick(self) -> int:
         """The next engine tick: orders listings, acknowledgements and deletions."""
@@ -254,8 +256,11 @@ class Inventory:
 
     async def _adopt_journal(self) -> None:
         assert self.journal is not None
-        entries = await self.journal.claim()
+        claim = await self.journal.claim()
+        entries = claim.entries
         expires = self._clock() + self.adopted_bound
+        if claim.doubt is not None:
+            self._hold(claim.doubt, expires)
         listed = {name: group.listed_requests() for name, group in self.groups.items()}
         adopted: dict[str, int] = {}
         for entry in entries:
@@ -288,6 +293,32 @@ class Inventory:
                 name,
                 self.adopted_bound,
             )
+
+    def _hold(self, doubt: str, until: float) -> None:
+        """No scale-up until `until`: creates the journal held are unknown, and by then every
+        one of them still under way has been carried out and is listed."""
+        self._held = (until, doubt)
+        log.error(
+            "creation journal %s: %s: creates an earlier process sent may be unknown, so "
+            "IncreaseSize is refused for %gs (until they would have been listed)",
+            self.journal.where if self.journal is not None else "",
+            doubt,
+            self.adopted_bound,
+        )
+
+    def held(self) -> str | None:
+        """Why scale-ups are held now (a journal that could not be read), or None."""
+        if self._held is None:
+            return None
+        until, doubt = self._held
+        remaining = until - self._clock()
+        if remaining <= 0:
+            self._held = None
+            return None
+        return (
+            f"the creation journal could not be read whole ({doubt}): creates an earlier "
+            f"process sent may still be carried out; no scale-up for {remaining:.0f}s more"
+        )
 
     @property
     def adopted_bound(self) -> float:

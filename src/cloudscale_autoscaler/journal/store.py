@@ -21,10 +21,12 @@ class Gone(JournalError):
 @dataclass(frozen=True)
 class Stored:
     """A record as a store holds it: its text (None: no record yet) and the version a write
-    must name to replace it (None: the store does not compare versions)."""
+    must name to replace it (None: the store does not compare versions). `missing`: the
+    object that holds the record, which the installer makes, does not exist (deleted)."""
 
     text: str | None
     version: str | None = None
+    missing: bool = False
 
 
 class JournalStore(Protocol):

@@ -3,7 +3,10 @@
 - `claim()` reads the record, reports what cannot be read (a clear log line, never a crash),
   and writes it back naming this replica as holder. A store that compares versions then
   refuses any later write of a replica that held the record before: a leader that lost its
-  Lease and wakes up late cannot record (hence cannot send) creates behind the new leader.
+  Lease and wakes up late cannot record (hence cannot send) creates behind the new leader. A
+  record that could not be read whole (or a ConfigMap found deleted) may have held creates
+  still being carried out: the claim says so (`Claim.doubt`), and the inventory holds
+  scale-ups for the adoption bound.
 - `persist()` writes the current snapshot (the engine's creates not yet confirmed) and returns
   once a write that began after the call succeeded, or at once when our last write already
   holds that snapshot: a batch of creates is sent only after it. Concurrent callers share
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.journal.store import Conflict, Gone, JournalError, JournalStore, Stored
@@ -39,6 +43,15 @@ DEBOUNCE_SECONDS = 0.5
 
 # None while this replica may write the record, else why not.
 Fence = Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim found: the entries an earlier holder left, and, when the record could not
+    be read whole (or was deleted), why creates it held may be unknown."""
+
+    entries: list[Entry]
+    doubt: str | None = None
 
 
 def unfenced() -> str | None:
@@ -77,12 +90,12 @@ class Journal:
 
     # --- claiming -------------------------------------------------------------------------
 
-    async def claim(self) -> list[Entry]:
-        """Make the record ours; the entries an earlier holder left in it. JournalError when
-        the store cannot be read or written."""
+    async def claim(self) -> Claim:
+        """Make the record ours; what an earlier holder left in it. JournalError when the
+        store cannot be read or written."""
         for _ in range(CLAIM_ATTEMPTS):
             stored = await self._store.read()
-            left = self._readable(stored)
+            left, doubt = self._readable(stored)
             mine = self._snapshot()
             known = {entry.request for entry in mine}
             kept = mine + [entry for entry in left if entry.request not in known]
@@ -93,7 +106,7 @@ class Journal:
             except Conflict:
                 continue
             self._text, self._claimed = text, True
-            return left
+            return Claim(left, doubt)
         raise JournalError(f"{self.where} kept changing while it was claimed: another writer?")
 
     @property
@@ -110,18 +123,19 @@ class Journal:
             self._claimed = False
             raise JournalError(f"{self.where} not written: {refusal}")
 
-    def _readable(self, stored: Stored) -> list[Entry]:
+    def _readable(self, stored: Stored) -> tuple[list[Entry], str | None]:
+        """The entries that could be read, and why there may have been more."""
         if stored.text is None:
-            return []
+            return [], f"{self.where} was deleted" if stored.missing else None
         decoded = decode(stored.text, self._cluster)
         for problem in decoded.problems:
             log.error(
-                "creation journal %s: %s; creates it may have held are not counted (a restart "
-                "during a scale-up may have doubled it)",
+                "creation journal %s: %s; creates it may have held are not known, so no "
+                "scale-up is made until they would have been listed",
                 self.where,
                 problem,
             )
-        return decoded.entries
+        return decoded.entries, "; ".join(decoded.problems) or None
 
     # --- writing --------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class ConfigMapStore:
         except KubeError as exc:
             raise JournalError(f"cannot read {self.where}: {exc}") from None
         if found is None:
-            return Stored(None)
+            return Stored(None, missing=True)
         text = (found.get("data") or {}).get(KEY)
         return Stored(text if isinstance(text, str) else None, _version(found))
 

@@ -72,15 +72,14 @@ def check_deletions(schedule: Schedule) -> None:
         )
 
 
-async def check_after_refresh(schedule: Schedule) -> None:
-    """Refresh the replica serving; then what it serves and reports adds up."""
+async def check_after_refresh(schedule: Schedule) -> bool:
+    """CA's Refresh of the replica serving; then what it serves and reports adds up. Whether
+    the Refresh succeeded."""
     replica = schedule.leader()
-    if replica is None:
-        return
     before = {r.uuid: r.tags.get(TAG_GROUP) for r in ours(schedule)}
-    answer = await replica.call("Refresh", pb.RefreshRequest(), 5.0)
-    if not answer.ok or not replica.serving:
-        return
+    answer = await schedule.ca("Refresh", pb.RefreshRequest(), ("UNAVAILABLE",))
+    if replica is None or answer is None or not answer.ok or not replica.serving:
+        return False
     configured = {g.name for g in replica.config.node_groups}
     removed = replica.engine.removed_groups()
     for uuid, name in before.items():
@@ -93,6 +92,7 @@ async def check_after_refresh(schedule: Schedule) -> None:
         )
     for name in configured:
         await check_target(schedule, replica, name)
+    return True
 
 
 async def check_target(schedule: Schedule, replica: Any, name: str) -> None:

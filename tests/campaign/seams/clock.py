@@ -5,8 +5,11 @@ The campaign's event loop is looptime's, with its clock always virtual: while a 
 so a Lease's 15 s, a client's 30 s timeout or a 60 s bound pass in microseconds; between
 steps the loop does not run at all, so no time passes there. Everything runs on that one loop,
 in the test's thread: the emulator, the replicas and the HTTP between them (loopback sockets,
-read at once), so an exchange is never cut by a jump, and a schedule replays alike. Work handed
-to threads (a config file read) moves the clock in IDLE_STEP steps while it runs.
+read at once), so an exchange is never cut by a jump.
+
+Work handed to a thread (a config file read) runs at once in the loop's thread instead
+(InlineExecutor), and every random choice of the provider draws from `random`, seeded per
+schedule: so a schedule replays alike, and Hypothesis can shrink a failing one.
 
 Every task knows the replica that created it (OWNER, inherited by the tasks it creates), so a
 replica can be killed as SIGKILL kills a process: its tasks cancelled, wherever they were (its
@@ -16,8 +19,8 @@ connections are cut first, so nothing it does while dying reaches anyone).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
-import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -33,13 +36,29 @@ IDLE_STEP = 0.005
 STEP_LIMIT_SECONDS = 3600.0
 
 
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs what is submitted at once, in the caller's thread: a thread's real time would
+    move the virtual clock by however long it took. (A ThreadPoolExecutor only because
+    asyncio takes no other default executor; it starts no thread.)"""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:
+            future.set_exception(error)
+        return future
+
+
 class VirtualLoop:
     """A looptime event loop, run step by step in the calling thread."""
 
     def __init__(self) -> None:
         self.loop = looptime.new_event_loop(idle_step=IDLE_STEP)
         self.loop.set_task_factory(self._task)  # type: ignore[arg-type]
-        self._owned: dict[str, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        self.loop.set_default_executor(InlineExecutor())
+        # Tasks by owner, in the order they were made (cancelled in that order).
+        self._owned: dict[str, list[asyncio.Task[Any]]] = {}
 
     def _task(
         self,
@@ -50,12 +69,14 @@ class VirtualLoop:
         task = asyncio.Task(coro, loop=loop, context=context)
         owner = (context or contextvars.copy_context()).get(OWNER)
         if owner is not None:
-            self._owned.setdefault(owner, weakref.WeakSet()).add(task)
+            self._owned.setdefault(owner, []).append(task)
         return task
 
     def owned(self, owner: str) -> list[asyncio.Task[Any]]:
-        """The tasks of `owner` still running."""
-        return [task for task in self._owned.get(owner, ()) if not task.done()]
+        """The tasks of `owner` still running (the ended ones are forgotten here)."""
+        running = [task for task in self._owned.get(owner, ()) if not task.done()]
+        self._owned[owner] = running
+        return running
 
     def run(self, coro: Coroutine[Any, Any, T], limit: float = STEP_LIMIT_SECONDS) -> T:
         """Run `coro` to its end (everything else on the loop runs meanwhile)."""

@@ -48,11 +48,17 @@ SETTLE_SECONDS = 4 * TIMEOUT_SECONDS
 
 # Which replica a seam hits: the one serving CA, or the other (a standby, or a dead one).
 roles = st.sampled_from(["leader", "leader", "other"])
+# Whether a kill lands in a scale-up CA just asked for (mostly: that is where it hurts).
+mid = st.sampled_from([True, True, False])
 which = st.sampled_from(["a", "b", "both"])
 seconds = st.sampled_from([0.05, 0.5, 2.0, 5.0, 12.0, 30.0])
 # How long CA's next call comes after the step before (its loop runs every 10 s).
 pauses = st.sampled_from([0.0, 0.5, 2.0, 10.0])
 indices = st.integers(0, 7)
+FILL = 0  # a scale-up to maxSize
+deltas = st.sampled_from([1, 2, 3, FILL, FILL])
+# Pods waiting for a group's nodes: none, some, more than its maxSize.
+demands = st.sampled_from([0, 1, 3, 6, 6])
 # Where in a scale-up a kill lands: a few loop turns in (before its journal write, between
 # its creates), or some virtual time in (creates out, held by the API).
 turns = st.integers(0, 60)
@@ -132,6 +138,9 @@ class SeamsMachine(RuleBasedStateMachine):
         super().__init__()
         SeamsMachine.schedules += 1
         self.schedule: Schedule = make()
+        # Pods CA wants nodes for, by group (groups unnamed here: the default).
+        self.demand: dict[str, int] = {}
+        self.default_demand = 0
         self._run(self.schedule.start())
 
     def _run(self, coro: Coroutine[Any, Any, T], limit: float = STEP_LIMIT_SECONDS) -> T:
@@ -156,7 +165,7 @@ class SeamsMachine(RuleBasedStateMachine):
         self._pause(pause)
         self._run(self.schedule.ca("Refresh", pb.RefreshRequest(), ("UNAVAILABLE",)))
 
-    @rule(index=indices, delta=st.integers(1, 3), pause=pauses)
+    @rule(index=indices, delta=deltas, pause=pauses)
     def scale_up(self, index: int, delta: int, pause: float) -> None:
         self._pause(pause)
         name = self._group(index)
@@ -164,7 +173,8 @@ class SeamsMachine(RuleBasedStateMachine):
             self._run(self._scale_up(name, delta))
 
     async def _scale_up(self, name: str, delta: int) -> None:
-        """As CA does: within maxSize by the target it reads."""
+        """As CA does: within maxSize by the target it reads (FILL: up to maxSize, as for
+        enough pending pods)."""
         codes = ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION")
         size = await self.schedule.ca(
             "NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id=name), codes
@@ -173,7 +183,11 @@ class SeamsMachine(RuleBasedStateMachine):
         if size is None or not size.ok or leader is None:
             return
         config = leader.config.group(name)
-        if config is None or size.reply.targetSize + delta > config.max_size:
+        if config is None:
+            return
+        if delta == FILL:
+            delta = config.max_size - size.reply.targetSize
+        if delta <= 0 or size.reply.targetSize + delta > config.max_size:
             return
         request = pb.NodeGroupIncreaseSizeRequest(id=name, delta=delta)
         await self.schedule.ca("NodeGroupIncreaseSize", request, codes)
@@ -220,11 +234,19 @@ class SeamsMachine(RuleBasedStateMachine):
 
     # --- the world around the provider -----------------------------------------------------
 
-    @initialize(faults=st.sampled_from(SLOW_CREATES + FAULTS))
-    def start_with_faults(self, faults: dict[str, Any]) -> None:
+    @initialize(faults=st.sampled_from(SLOW_CREATES + FAULTS), demand=demands)
+    def start_with_faults(self, faults: dict[str, Any], demand: int) -> None:
         """Most schedules begin with creates the API takes a while to carry out, so kills,
-        failovers and reloads find creates in flight."""
+        failovers and reloads find creates in flight, and with pods waiting for nodes."""
         self.schedule.emulator.state.set_faults(parse_faults(faults, ("lpg1", "rma1")))
+        self.default_demand = demand
+
+    @rule(index=indices, demand=demands)
+    def pods(self, index: int, demand: int) -> None:
+        """The pods waiting for a group's nodes change (CA's loop acts on them)."""
+        name = self._group(index)
+        if name is not None:
+            self.demand[name] = demand
 
     @rule(faults=st.sampled_from(FAULTS))
     def cloud_faults(self, faults: dict[str, Any]) -> None:
@@ -239,7 +261,7 @@ class SeamsMachine(RuleBasedStateMachine):
         first = leader.name if leader is not None else REPLICAS[0]
         return first if role == "leader" else next(n for n in REPLICAS if n != first)
 
-    @rule(role=roles, mid_scale_up=st.booleans(), iterations=turns, delay=delays)
+    @rule(role=roles, mid_scale_up=mid, iterations=turns, delay=delays)
     def kill(self, role: str, mid_scale_up: bool, iterations: int, delay: float) -> None:
         """SIGKILL, at once or `iterations` loop turns and `delay` virtual seconds into a
         scale-up CA just asked for."""
@@ -252,7 +274,7 @@ class SeamsMachine(RuleBasedStateMachine):
         call = None
         target = self._group(0)
         if mid_scale_up and replica.serving and target is not None:
-            call = asyncio.ensure_future(self._scale_up(target, 2))
+            call = asyncio.ensure_future(self._scale_up(target, FILL))
         for _ in range(iterations):
             await asyncio.sleep(0)
         if delay:
@@ -261,7 +283,7 @@ class SeamsMachine(RuleBasedStateMachine):
         if call is not None:
             await asyncio.gather(call, return_exceptions=True)
 
-    @rule(role=roles, mid_scale_up=st.booleans(), iterations=turns, delay=delays)
+    @rule(role=roles, mid_scale_up=mid, iterations=turns, delay=delays)
     def crash_and_restart(
         self, role: str, mid_scale_up: bool, iterations: int, delay: float
     ) -> None:
@@ -339,9 +361,32 @@ class SeamsMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self) -> None:
+        """The checks, and CA's loop (it runs all the time, whatever else happens): its
+        Refresh is the one checks.check_after_refresh reads after."""
         SeamsMachine.steps += 1
         checks.check_step(self.schedule)
-        self._run(checks.check_after_refresh(self.schedule))
+        self._run(self._ca_loop())
+        checks.check_step(self.schedule)
+
+    async def _ca_loop(self) -> None:
+        """One loop of CA: Refresh (then the checks of what it serves); per group, delete the
+        failed instances and ask for the nodes its pending pods need, within maxSize by the
+        target it reads."""
+        if not await checks.check_after_refresh(self.schedule):
+            return
+        leader = self.schedule.leader()
+        if leader is None:
+            return
+        for config in leader.config.node_groups:
+            await self._scale_down(config.name, 8, failed_only=True)
+            wanted = min(self.demand.get(config.name, self.default_demand), config.max_size)
+            size = await self.schedule.ca(
+                "NodeGroupTargetSize",
+                pb.NodeGroupTargetSizeRequest(id=config.name),
+                ("UNAVAILABLE", "NOT_FOUND"),
+            )
+            if size is not None and size.ok and size.reply.targetSize < wanted:
+                await self._scale_up(config.name, wanted - size.reply.targetSize)
 
     def teardown(self) -> None:
         try:

@@ -189,17 +189,6 @@ class KubeApi:
             self._core.create_namespaced_event, namespace, body, _request_timeout=limit
         )
 
-    async def patch_event(self, namespace: str, name: str, body: Obj, limit: float) -> Obj:
-        """A merge patch: the fields in `body` replace the Event's, no read needed."""
-        return await self._call(
-            self._core.patch_namespaced_event,
-            name,
-            namespace,
-            body,
-            _content_type="application/merge-patch+json",
-            _request_timeout=limit,
-        )
-
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
 

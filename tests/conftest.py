@@ -15,6 +15,7 @@ pytest_plugins = [
     "fixtures.kube",
     "fixtures.image",
     "fixtures.node",
+    "fixtures.registry",
 ]
 
 # The longest modules start first, one on each of the two workers (pyproject.toml's addopts):

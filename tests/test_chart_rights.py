@@ -30,10 +30,10 @@ from kubernetes.dynamic import DynamicClient
 from test_kube_rights import (
     CA_LEASE,
     ELSEWHERE,
-    FOREIGN_EVENT,
     Right,
     bound_token,
     documented,
+    foreign_event,
     outcome,
     rules_review,
     token_kubeconfig,
@@ -128,9 +128,13 @@ def installed(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def account_kubeconfig(kube: Kube, case: Case, path: Path) -> Path:
     """A token of the case's account (not bound to a Pod), as a kubeconfig."""
+    return token_of(kube, case.namespace, case.service_account, path)
+
+
+def token_of(kube: Kube, namespace: str, account: str, path: Path) -> Path:
     with kube.client() as api:
         token = k8s.CoreV1Api(api).create_namespaced_service_account_token(
-            case.service_account, case.namespace, {"spec": {"expirationSeconds": 3600}}
+            account, namespace, {"spec": {"expirationSeconds": 3600}}
         )
     return token_kubeconfig(kube, str(token.status.token), path)
 
@@ -194,7 +198,7 @@ def foreign_events(kube: Kube, namespace: str) -> Iterator[None]:
         core = k8s.CoreV1Api(api)
         for where in (namespace, "default"):
             with contextlib.suppress(k8s.ApiException):  # left by another case
-                core.create_namespaced_event(where, FOREIGN_EVENT)
+                core.create_namespaced_event(where, foreign_event(where))
         yield
         with contextlib.suppress(k8s.ApiException):
             core.delete_namespaced_event("victim", namespace)
@@ -303,7 +307,7 @@ async def test_a_name_prefixed_kustomize_overlay_cannot_use_its_own_objects(
         with kube.client() as api:
             for doc in documents:
                 k8s_utils.create_from_dict(api, doc)
-        token = account_kubeconfig(kube, Case("x", account=account), tmp_path / "prefixed")
+        token = token_of(kube, NAMESPACE, account, tmp_path / "prefixed")
         with kube.client(token) as api:
             coordination, discovery = k8s.CoordinationV1Api(api), k8s.DiscoveryV1Api(api)
             return {

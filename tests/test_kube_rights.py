@@ -142,7 +142,7 @@ def victims(kube: Kube) -> Iterator[None]:
                                                       "data": {"Corefile": "."}})  # fmt: skip
         made.append(lambda: core.delete_namespaced_config_map("victim", NAMESPACE))
         for namespace in (NAMESPACE, "default"):  # another component's Events
-            core.create_namespaced_event(namespace, FOREIGN_EVENT)
+            core.create_namespaced_event(namespace, foreign_event(namespace))
             made.append(
                 lambda namespace=namespace: core.delete_namespaced_event("victim", namespace)
             )
@@ -162,13 +162,20 @@ def refused(attempt: Callable[[], Any]) -> k8s.ApiException:
 
 STRATEGIC = "application/strategic-merge-patch+json"
 CA_LEASE = {"metadata": {"name": "cluster-autoscaler"}, "spec": {"holderIdentity": "provider"}}
-# An Event another component wrote (the scheduler's), in kube-system and in default.
-FOREIGN_EVENT = {
-    "metadata": {"name": "victim"},
-    "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "victim"},
-    "reason": "FailedScheduling", "message": "0/3 nodes are available", "type": "Warning",
-    "source": {"component": "default-scheduler"},
-}  # fmt: skip
+
+
+def foreign_event(namespace: str) -> dict[str, Any]:
+    """An Event another component wrote: the kubelet's about a Node in `default`, else the
+    scheduler's about a Pod of `namespace`."""
+    if namespace == "default":
+        regarding = {"kind": "Node", "name": "worker-1"}
+        reason, source = "NodeNotReady", "kubelet"
+    else:
+        regarding = {"kind": "Pod", "namespace": namespace, "name": "victim"}
+        reason, source = "FailedScheduling", "default-scheduler"
+    return {"metadata": {"name": "victim"}, "involvedObject": regarding, "reason": reason,
+            "message": "0/3 nodes are available", "type": "Warning",
+            "source": {"component": source}}  # fmt: skip
 
 
 def escalations(api: k8s.ApiClient) -> dict[str, Callable[[], Any]]:

@@ -242,6 +242,28 @@ def lease_api(kube: Kube, fresh_election: None) -> k8s.CoordinationV1Api:
     return k8s.CoordinationV1Api(kube.client())
 
 
+async def test_a_missing_lease_is_waited_for_and_taken_once_the_install_makes_it(
+    serve: Serve, pod: Regarding, kube: Kube, lease_api: k8s.CoordinationV1Api
+) -> None:
+    """The account may not create Leases (the install does): with its Lease deleted a
+    replica keeps running, says once why it cannot lead, and leads once the Lease is back."""
+    await asyncio.to_thread(lease_api.delete_namespaced_lease, LEASE, NAMESPACE)
+    election = {"enabled": True, "leaseName": LEASE, "namespace": NAMESPACE,
+                "leaseDuration": "3s", "renewDeadline": "2s", "retryPeriod": "500ms"}  # fmt: skip
+    replica = await serve(kube.provider_kubeconfig, env_of(pod), election)
+    missing = "does not exist, and this account may not create it"
+    await replica.wait_for_output(missing)
+    await asyncio.sleep(3)  # six more attempts, every retryPeriod
+    assert replica.process.returncode is None, replica.output
+    assert replica.output.count(missing) == 1, replica.output
+    assert not await events_about(kube, pod, "LeadershipGained")
+    await asyncio.to_thread(
+        lease_api.create_namespaced_lease, NAMESPACE, {"metadata": {"name": LEASE}}
+    )
+    gained = await one_event(kube, pod, "LeadershipGained")
+    assert gained.count == 1
+
+
 async def test_leadership_gained_and_lost_are_events_on_the_replicas_pod(
     serve: Serve, pod: Regarding, kube: Kube, lease_api: k8s.CoordinationV1Api
 ) -> None:

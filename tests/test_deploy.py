@@ -1432,22 +1432,26 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
     return stages
 
 
-def test_dockerfile_builds_in_two_stages_from_python_slim() -> None:
+def test_dockerfile_builds_in_stages_from_python_slim_to_one_trimmed_layer() -> None:
     instructions = dockerfile_instructions()
     # Pinned to bookworm: the builder's rustc-web (>= the crate's rust-version) is Debian 12's.
     assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in instructions
-    builder, final = dockerfile_stages()
+    builder, runtime, final = dockerfile_stages()
     assert builder[0] == ("FROM", "${PYTHON_IMAGE} AS builder")
-    assert final[0] == ("FROM", "${PYTHON_IMAGE}")
+    assert runtime[0] == ("FROM", "${PYTHON_IMAGE} AS runtime")
     assert any(i == "RUN" and "pip wheel" in a for i, a in builder)
-    final_runs = " ".join(a for i, a in final if i == "RUN")
-    assert "--find-links=/wheels" in final_runs and "--no-index" in final_runs
+    runtime_runs = " ".join(a for i, a in runtime if i == "RUN")
+    assert "--find-links=/wheels" in runtime_runs and "--no-index" in runtime_runs
     for tool in ("apt-get", "gcc", "build-essential"):
-        assert tool not in final_runs, f"no build tools in the final image: {tool}"
-    copied = [a for i, a in final if i == "COPY"]
+        assert tool not in runtime_runs, f"no build tools in the final image: {tool}"
+    copied = [a for i, a in runtime if i == "COPY"]
     assert copied == [
         "--from=builder /wheels.sha256 /usr/local/share/cloudscale-autoscaler/wheels.sha256"
-    ], "the final stage takes only the wheels (through a bind mount) and their checksums"
+    ], "the runtime stage takes only the wheels (through a bind mount) and their checksums"
+    # The image is the trimmed runtime alone: on top of the base, what the runtime stage
+    # removed would still be in the base's layers.
+    assert final[0] == ("FROM", "scratch")
+    assert [a for i, a in final if i in ("COPY", "ADD", "RUN")] == ["--from=runtime / /"]
 
 
 def test_dockerfile_runtime_matches_the_manifests() -> None:

@@ -48,9 +48,9 @@ def load_client(kubeconfig: Path | None, *, default_kubeconfig: bool = False) ->
     )
     try:
         if in_cluster:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            k8s_config.load_incluster_config(client_configuration=configuration)
         else:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            k8s_config.load_kube_config(
                 config_file=None if kubeconfig is None else str(kubeconfig),
                 client_configuration=configuration,
             )
@@ -190,7 +190,7 @@ class KubeApi:
         )
 
     def close(self) -> None:
-        self._client.close()  # type: ignore[no-untyped-call]
+        self._client.close()
 
 
 def _api_message(exc: k8s.ApiException) -> str:

@@ -931,7 +931,7 @@ def test_deserialize_reports_unknown_and_mistyped_fields() -> None:
     assert any("annotations.x" in p for p in deserialize(deployment)), deserialize(deployment)
     del deployment["spec"]["template"]["metadata"]["annotations"]["x"]
     del container["name"]
-    missing = "Invalid value for `name`, must not be `None`"  # the client's models (< 37)
+    missing = "Invalid value for `name`, must not be `None`"  # the client's models (36)
     assert any(missing in p for p in deserialize(deployment)), deserialize(deployment)
 
 

@@ -169,6 +169,12 @@ def wait_pod(
         time.sleep(0.1)
 
 
+def pod_log(core: k8s.CoreV1Api, name: str, namespace: str, **options: Any) -> str:
+    """A Pod's log as text (the kubernetes client 36 returns the bytes' repr otherwise)."""
+    response = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **options)
+    return str(response.data.decode(errors="replace"))
+
+
 def ready(pod: Any) -> bool:
     return condition_true(pod.status, "Ready")
 
@@ -280,7 +286,7 @@ def test_cluster_ip_reaches_the_pod(real_node: RealNode, namespace: str) -> None
     client = busybox_pod(real_node, "web-client", http_get(cluster_ip, 80), restart="Never")
     core.create_namespaced_pod(namespace, client)
     pod = wait_pod(core, "web-client", finished, "finished")
-    log = core.read_namespaced_pod_log("web-client", namespace)
+    log = pod_log(core, "web-client", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.splitlines()[-1] == "served by web"
 
@@ -343,7 +349,7 @@ def test_pods_cannot_leave_the_machine(
     dropped = real_node.dropped_packets()
     core.create_namespaced_pod(namespace, busybox_pod(real_node, "egress", script, restart="Never"))
     pod = wait_pod(core, "egress", finished, "finished")
-    log = core.read_namespaced_pod_log("egress", namespace)
+    log = pod_log(core, "egress", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.splitlines() == ["host:this host", "outside:blocked"]
     assert real_node.dropped_packets() > dropped
@@ -388,12 +394,12 @@ def test_project_image_runs(real_node: RealNode, namespace: str, project_image: 
 
     _wait_job_complete(batch, "help")
     (help_pod,) = core.list_namespaced_pod(namespace, label_selector="job-name=help").items
-    help_log = core.read_namespaced_pod_log(help_pod.metadata.name, namespace)
+    help_log = pod_log(core, help_pod.metadata.name, namespace)
     assert "usage: cloudscale-autoscaler" in help_log
     assert "serve" in help_log
 
     pod = wait_pod(core, "whoami", finished, "finished")
-    log = core.read_namespaced_pod_log("whoami", namespace)
+    log = pod_log(core, "whoami", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.strip() == f"user: system:serviceaccount:{namespace}:default"
 
@@ -751,7 +757,7 @@ def container_logs(core: k8s.CoreV1Api, namespace: str, name: str) -> str:
     found = []
     for previous in (True, False):
         with contextlib.suppress(k8s.ApiException):
-            found.append(core.read_namespaced_pod_log(name, namespace, previous=previous))
+            found.append(pod_log(core, name, namespace, previous=previous))
     return "".join(found)
 
 
@@ -1114,7 +1120,7 @@ class Step:
         `more`)."""
         values = deep_merge(self.release.values,
                             {"config": {"nodeGroups": [group(maxSize=max_size)]}})  # fmt: skip
-        path = self.tmp_path / f"values-{max_size}-{len(more)}-{gpu}.yaml"
+        path = self.tmp_path / f"values-{max_size}-{len(list(self.tmp_path.iterdir()))}.yaml"
         path.write_text(yaml.safe_dump(deep_merge(values, more)))
         chart = self.published.chart
         return self.run(max_size, gpu, "upgrade", RELEASE, chart.reference, *chart.options,
@@ -1202,19 +1208,16 @@ def test_the_budget_refuses_evicting_both_replicas(
              "both replicas Ready again")  # fmt: skip
 
 
-def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
-    """What a user's overlay of the base changes here: the image (imported, never pulled), the
-    config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the tainted
-    Nodes of emulated servers count as places for a replica), and no cert-manager objects (no
-    cert-manager here: its Secrets are created as it would)."""
+def kustomize_overlay(directory: Path, published: Published, cloud_url: str) -> Path:
+    """What a user's overlay of the base changes here: the image (the registry's, by digest),
+    the config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the
+    tainted Nodes of emulated servers count as places for a replica), and no cert-manager
+    objects (no cert-manager here: its Secrets are created as it would)."""
     config = yaml.safe_load((KUSTOMIZE_BASE / "config.yaml").read_text())
     config["cluster"] = "kustomized"
     config["cloudscale"]["url"] = cloud_url
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
-    repository, _, tag = image.rpartition(":")
     deployment_patch = [
-        {"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy",
-         "value": "Never"},
         {"op": "replace", "path": "/spec/template/spec/topologySpreadConstraints/0/"
          "whenUnsatisfiable", "value": "ScheduleAnyway"},
     ]  # fmt: skip
@@ -1226,7 +1229,7 @@ def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
         # kustomize takes no absolute path here.
         "resources": [os.path.relpath(KUSTOMIZE_BASE, directory)],
         "images": [{"name": "ghcr.io/cloudscale-autoscaler/cloudscale-autoscaler",
-                    "newName": repository, "newTag": tag}],
+                    "newName": published.repository, "digest": published.digest}],
         "configMapGenerator": [{"name": "cloudscale-autoscaler-config", "behavior": "replace",
                                 "files": ["config.yaml"]}],
         "patches": [
@@ -1245,7 +1248,7 @@ BASE_PODS = "app.kubernetes.io/name=cloudscale-autoscaler,!app.kubernetes.io/ins
 
 def test_the_kustomize_base_rolls_out_two_ready_replicas(
     real_node: RealNode,
-    project_image: str,
+    published: Published,
     gateway_emulator: GatewayEmulator,
     provider_ca: Issued,
     tmp_path: Path,
@@ -1253,7 +1256,7 @@ def test_the_kustomize_base_rolls_out_two_ready_replicas(
     """The base through an overlay, applied server-side as `kubectl apply -k` would, with the
     token and certificate Secrets first: both replicas Ready by the kubelet's probes, the
     rollout complete, the gRPC Service's EndpointSlice listing the leader alone."""
-    overlay = kustomize_overlay(tmp_path, project_image, gateway_emulator.url)
+    overlay = kustomize_overlay(tmp_path, published, gateway_emulator.url)
     built = subprocess.run([ensure(KUSTOMIZE), "build", str(overlay)], capture_output=True,
                            text=True, timeout=120, check=False)  # fmt: skip
     assert built.returncode == 0, built.stderr
@@ -1266,8 +1269,15 @@ def test_the_kustomize_base_rolls_out_two_ready_replicas(
     create_secrets(real_node.kube, SYSTEM, base_certificates, provider_ca)
     apply(real_node.kube, documents, "kustomize-test")
     name = "cloudscale-autoscaler"
-    rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
-                      "the base's replicas Ready")  # fmt: skip
+    try:
+        rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
+                          "the base's replicas Ready")  # fmt: skip
+    except AssertionError as late:
+        states = [
+            (p.metadata.name, p.status.phase, p.status.conditions, p.status.container_statuses)
+            for p in live_pods(core, SYSTEM, BASE_PODS)
+        ]
+        raise AssertionError(f"{late}: {states}") from None
     real_node.timings["kustomize apply -> both Ready"] = rolled
     leader = lease_holder(real_node.kube, SYSTEM, name)
     assert leader in {p.metadata.name for p in live_pods(core, SYSTEM, BASE_PODS)}

@@ -200,8 +200,9 @@ def foreign_events(kube: Kube, namespace: str) -> Iterator[None]:
             with contextlib.suppress(k8s.ApiException):  # left by another case
                 core.create_namespaced_event(where, foreign_event(where))
         yield
-        with contextlib.suppress(k8s.ApiException):
-            core.delete_namespaced_event("victim", namespace)
+        for where in (namespace, "default"):
+            with contextlib.suppress(k8s.ApiException):
+                core.delete_namespaced_event("victim", where)
 
 
 @pytest.mark.parametrize("name", list(CASES))

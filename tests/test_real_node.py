@@ -4,13 +4,17 @@ kubelet's own probe both ways; a ClusterIP Service reaches its Pod through kube-
 host and from another Pod; a Pod reaches this host but nothing beyond it; the project's image,
 imported into containerd, runs as a Job and talks to the API server with in-cluster config.
 
-Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): `helm
-install --wait` of the chart with two replicas becomes Ready by the kubelet's probes (and
-installs whose config `serve` refuses, whose cloud never answers, or whose readiness is the old
-leader-only one do not); the real Cluster Autoscaler on this host reaches it through the gRPC
-Service's ClusterIP, scales up from zero and down, and loses or doubles nothing when the
-leader's Pod is deleted during a scale-up; `helm upgrade` rolls the Pods while the Service
-keeps answering; the PodDisruptionBudget refuses evicting both; the kustomize base rolls out.
+Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): the
+image and the chart pushed to a registry on loopback (fixtures/registry.py), helm 4's `helm
+install --wait` of the chart from there with two replicas and the image pulled by digest
+becomes Ready by the kubelet's probes (and installs whose config `serve` refuses, whose cloud
+never answers, or whose readiness is the old leader-only one fail helm 4's own wait; helm 3's
+passes the last one); helm 3 installs and upgrades it too; the real Cluster Autoscaler on this
+host reaches it through the gRPC Service's ClusterIP, scales up from zero and down, and loses
+or doubles nothing when the leader's Pod is deleted during a scale-up; `helm upgrade` reloads
+or rolls the Pods (a setting only a restart applies rolls them) and `helm rollback` rolls them
+back, while the Service keeps answering; the PodDisruptionBudget refuses evicting both; the
+kustomize base rolls out.
 
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.

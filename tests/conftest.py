@@ -15,6 +15,7 @@ pytest_plugins = [
     "fixtures.kube",
     "fixtures.image",
     "fixtures.node",
+    "fixtures.registry",
 ]
 
 

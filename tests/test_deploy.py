@@ -36,6 +36,7 @@ from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.config.types import Config
+from cloudscale_autoscaler.reload.fixed import RELOADABLE
 from cloudscale_autoscaler.transport.certs import mint_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -643,6 +644,9 @@ def check_leader_route(bundle: Bundle, config: Doc, service: Doc) -> None:
     assert "endpoints" not in route
     journal = bundle.get("ConfigMap", election["journalConfigMap"])
     assert "data" not in journal
+    # The install creates the Lease (the account may not), without a holder to fight over.
+    lease = bundle.get("Lease", election["leaseName"])
+    assert "spec" not in lease
     (policy,) = bundle.all("ValidatingAdmissionPolicy")
     (binding,) = bundle.all("ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
@@ -724,13 +728,14 @@ def rules_of(bundle: Bundle, kind: str, subject: Doc, namespace: str | None = No
     return [rule for role in roles for rule in role["rules"]]
 
 
-EVENT_RULES = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+# Create only: `patch` cannot be limited to names and would reach every Event.
+EVENT_RULES = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     """With the `kubernetes` section: a token and RBAC for exactly what the provider does
-    (docs/deployment.md, Rights): read Nodes; create and patch Events in its namespace and in
-    `default`; with leader election, create Leases and, by name, get and update its own, patch
+    (docs/deployment.md, Rights): read Nodes; create Events in its namespace and in `default`;
+    with leader election, by name: get and update its own Lease (no Lease create), patch
     its EndpointSlice and get and patch its journal ConfigMap; no right on Pods or Secrets.
     With several replicas: leader election, one replica per node, a rolling update one at a
     time, a PDB unless turned off, and the downward API's Pod name, namespace, uid and IP.
@@ -757,7 +762,6 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     assert election.get("namespace", namespace) == namespace
     assert rules_of(bundle, "Role", subject, namespace) == [
         *EVENT_RULES,
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
@@ -927,7 +931,8 @@ def test_deserialize_reports_unknown_and_mistyped_fields() -> None:
     assert any("annotations.x" in p for p in deserialize(deployment)), deserialize(deployment)
     del deployment["spec"]["template"]["metadata"]["annotations"]["x"]
     del container["name"]
-    assert any("V1Container\nname\n" in p for p in deserialize(deployment)), deserialize(deployment)
+    missing = "Invalid value for `name`, must not be `None`"  # the client's models (36)
+    assert any(missing in p for p in deserialize(deployment)), deserialize(deployment)
 
 
 @pytest.mark.parametrize(
@@ -1067,6 +1072,91 @@ def test_helm_template_renders_a_working_install(helm: str, case: str, tmp_path:
     check_observability(bundle, on=case == "observability")
 
 
+def restart_checksum(helm: str, *args: str) -> str:
+    """The Pod template's checksum of the settings only a restart applies (reloadConfig on)."""
+    return _restart_checksum(helm, *args)
+
+
+def default_groups(**changed: Any) -> str:
+    """The chart's default node groups with the first one's fields changed, as --set-json."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    groups = values["config"]["nodeGroups"]
+    groups[0].update(changed)
+    return f"config.nodeGroups={json.dumps(groups)}"
+
+
+def _restart_checksum(helm: str, *args: str) -> str:
+    """The Pod template's checksum of the settings only a restart applies (reloadConfig on)."""
+    (deployment,) = [d for d in helm_render(helm, *args) if d["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" not in annotations
+    return str(annotations["checksum/restart-settings"])
+
+
+# One value of each config key, as `--set` arguments: the reloadable ones (reload/fixed.py's
+# RELOADABLE) and a few that only a restart applies.
+RELOADABLE_CHANGES = {
+    "nodeGroups": default_groups(maxSize=7),
+    "pricing": "config.pricing.currency=CHF,config.pricing.volumePerGBHour=0.0001,"
+    "config.pricing.flavorsPerHour.flex-8-4=0.1",
+    "placeholderExpiry": "config.placeholderExpiry=20m",
+    "increaseSizeWait": "config.increaseSizeWait=5s",
+}
+RESTART_CHANGES = {
+    "cluster": "config.cluster=other",
+    "cloudscale.url": "config.cloudscale.url=https://api.example.com/v1",
+    "cloudscale.timeoutSeconds": "config.cloudscale.timeoutSeconds=9",
+    "gpuLabel": "config.gpuLabel=example.com/gpu",
+    "kubernetes": "kubernetes.driftInterval=1m",
+    "tls.allowedClients": "tls.allowedClients={cluster-autoscaler,ca-2}",
+}
+
+
+@NEEDS_TOOL
+def test_a_setting_only_a_restart_applies_rolls_the_pods_under_reload(helm: str) -> None:
+    """With reloadConfig, the Pod template carries a checksum of the settings a running
+    provider refuses to reload: changing one of them rolls the Pods (a new template), changing
+    a reloadable one leaves the template, and the Pods reload it. The keys the chart leaves out
+    are exactly the provider's RELOADABLE."""
+    base = restart_checksum(helm)
+    for key, change in RELOADABLE_CHANGES.items():
+        option = "--set-json" if key == "nodeGroups" else "--set"
+        assert restart_checksum(helm, option, change) == base, key
+    for key, change in RESTART_CHANGES.items():
+        assert restart_checksum(helm, "--set", change) != base, key
+    assert set(RELOADABLE_CHANGES) == set(RELOADABLE)
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text(encoding="utf-8")
+    omitted = re.search(r'omit \$config ((?:"\w+" ?)+)', helpers)
+    assert omitted is not None and omitted.group(1).split() == [f'"{k}"' for k in RELOADABLE]
+
+
+EXISTING_ACCOUNTS = [
+    pytest.param(
+        ["--set", "serviceAccount.create=false"], "name the existing account", id="unnamed"
+    ),
+    pytest.param(
+        ["--set", "serviceAccount.create=false,serviceAccount.name=default"],
+        "/serviceAccount/name",
+        id="default",
+    ),
+]
+
+
+@NEEDS_TOOL
+@pytest.mark.parametrize(("args", "refusal"), EXISTING_ACCOUNTS)
+def test_an_existing_account_is_named_and_never_the_default(
+    helm: str, args: list[str], refusal: str
+) -> None:
+    """Without a named account the rights would land on the namespace's `default`, which every
+    Pod without an account of its own runs as."""
+    done = helm_template(helm, *args)
+    assert done.returncode != 0 and refusal in done.stderr, done.stderr
+    named = helm_render(helm, "--set", "serviceAccount.create=false,serviceAccount.name=csa")
+    assert not [d for d in named if d["kind"] == "ServiceAccount"]
+    assert {s["name"] for d in named if d["kind"].endswith("Binding") and "subjects" in d
+            for s in d["subjects"]} == {"csa"}  # fmt: skip
+
+
 def check_observability(bundle: Bundle, *, on: bool) -> None:
     """The PrometheusRule and the dashboard ConfigMap: only when asked for, and then the
     repository's files as they are, labelled for the operator and Grafana's sidecar."""
@@ -1201,7 +1291,7 @@ def test_helm_and_kustomize_produce_the_same_objects(helm: str, kustomize: list[
     assert len({json.dumps([r["addressType"], r["ports"]]) for r in route}) == 1
     # The same rules in the chart's template and the base's file (kept by hand in step).
     policy = f"{PROVIDER}-leader-route"
-    for field in ("matchConstraints", "validations", "failurePolicy"):
+    for field in ("matchConstraints", "variables", "validations", "failurePolicy"):
         helm_spec = chart[("ValidatingAdmissionPolicy", policy)]["spec"]
         assert helm_spec[field] == kust[("ValidatingAdmissionPolicy", policy)]["spec"][field]
     assert helm_pod["replicas"] == kust_pod["replicas"]
@@ -1342,22 +1432,26 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
     return stages
 
 
-def test_dockerfile_builds_in_two_stages_from_python_slim() -> None:
+def test_dockerfile_builds_in_stages_from_python_slim_to_one_trimmed_layer() -> None:
     instructions = dockerfile_instructions()
     # Pinned to bookworm: the builder's rustc-web (>= the crate's rust-version) is Debian 12's.
     assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in instructions
-    builder, final = dockerfile_stages()
+    builder, runtime, final = dockerfile_stages()
     assert builder[0] == ("FROM", "${PYTHON_IMAGE} AS builder")
-    assert final[0] == ("FROM", "${PYTHON_IMAGE}")
+    assert runtime[0] == ("FROM", "${PYTHON_IMAGE} AS runtime")
     assert any(i == "RUN" and "pip wheel" in a for i, a in builder)
-    final_runs = " ".join(a for i, a in final if i == "RUN")
-    assert "--find-links=/wheels" in final_runs and "--no-index" in final_runs
+    runtime_runs = " ".join(a for i, a in runtime if i == "RUN")
+    assert "--find-links=/wheels" in runtime_runs and "--no-index" in runtime_runs
     for tool in ("apt-get", "gcc", "build-essential"):
-        assert tool not in final_runs, f"no build tools in the final image: {tool}"
-    copied = [a for i, a in final if i == "COPY"]
+        assert tool not in runtime_runs, f"no build tools in the final image: {tool}"
+    copied = [a for i, a in runtime if i == "COPY"]
     assert copied == [
         "--from=builder /wheels.sha256 /usr/local/share/cloudscale-autoscaler/wheels.sha256"
-    ], "the final stage takes only the wheels (through a bind mount) and their checksums"
+    ], "the runtime stage takes only the wheels (through a bind mount) and their checksums"
+    # The image is the trimmed runtime alone: on top of the base, what the runtime stage
+    # removed would still be in the base's layers.
+    assert final[0] == ("FROM", "scratch")
+    assert [a for i, a in final if i in ("COPY", "ADD", "RUN")] == ["--from=runtime / /"]
 
 
 def test_dockerfile_runtime_matches_the_manifests() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from fixtures.image import NEEDS_IMAGE, Container, container, podman
+from fixtures.image import NEEDS_IMAGE, Container, container, image_size, podman
 from fixtures.tools import cli, ensure_grpcurl, free_port, run_cli
 from test_grpcurl import (
     CLUSTER,
@@ -196,8 +196,19 @@ def test_runs_as_its_own_user_on_a_read_only_root(image: str, served: Served) ->
     assert written.returncode != 0 and "Read-only file system" in written.stderr
 
 
+# A safety bound, not a measurement: the image was 400 MB (podman images) before it was
+# trimmed to one layer of what the server runs (docs/deployment.md, "Building the image").
+SIZE_BOUND_BYTES = 200_000_000
+
+
+def test_the_image_is_at_most_half_its_former_size(image: str) -> None:
+    size = image_size(image)
+    print(f"image {image}: {size / 1e6:.0f} MB")
+    assert size <= SIZE_BOUND_BYTES
+
+
 def test_no_compiler_or_package_installer_inside(served: Served) -> None:
-    tools = "cargo rustc gcc cc c++ ld as make pip pip3"
+    tools = "cargo rustc gcc cc c++ ld as make pip pip3 apt-get perl"
     leftovers = "/wheels /src /root/.cargo"
     found = served.container.exec(
         "sh",

@@ -713,4 +713,8 @@ async def test_the_leader_routes_the_service_to_its_pod_and_the_route_follows_th
     # Shutting down, the leader empties the slice before it releases the Lease.
     assert await b.stop(signal.SIGTERM) == 0, b.output
     assert await routed(kube) == []
-    assert b.output.rindex("emptied") < b.output.index("released Lease"), b.output
+    # "emptied", or, when the route's own loop emptied it a moment before (its log line lost
+    # to the shutdown's cancellation), the shutdown's attempt finds it no longer lists this Pod.
+    listed = b.output.rindex("lists this Pod")
+    emptied = max(b.output.find("emptied", listed), b.output.find("does not list this Pod", listed))
+    assert listed < emptied < b.output.index("released Lease"), b.output

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fixtures.kube import ENDPOINT_SLICE, JOURNAL, LEASE, NAMESPACE, NEEDS_KUBE, Kube
 from fixtures.stack import wait_until
 from kubernetes import client as k8s
@@ -38,6 +39,7 @@ def documented() -> dict[str, set[Right]]:
     namespace" or "default"."""
     text = DOCS.read_text(encoding="utf-8")
     section = text[text.index("### Rights") :]
+    section = section[: section.index("\n\n", section.index("| where |"))]  # the first table
     rows = re.findall(r"^\| ([^|]+?) \| ([^|]+?) \| ([^|]+?) \| ([^|]+?) \| ([^|]+?) \|", section,
                       re.MULTILINE)  # fmt: skip
     rights: dict[str, set[Right]] = {}
@@ -63,7 +65,7 @@ def test_the_documented_table_is_what_the_kustomize_rbac_grants() -> None:
         "own namespace"
     ]
     assert ("", "configmaps", JOURNAL, "patch") in rights["own namespace"]
-    assert rights["default"] == {("", "events", "*", "create"), ("", "events", "*", "patch")}
+    assert rights["default"] == {("", "events", "*", "create")}
 
 
 # --- what the API server says ---------------------------------------------------------------
@@ -139,6 +141,11 @@ def victims(kube: Kube) -> Iterator[None]:
         core.create_namespaced_config_map(NAMESPACE, {"metadata": {"name": "victim"},
                                                       "data": {"Corefile": "."}})  # fmt: skip
         made.append(lambda: core.delete_namespaced_config_map("victim", NAMESPACE))
+        for namespace in (NAMESPACE, "default"):  # another component's Events
+            core.create_namespaced_event(namespace, foreign_event(namespace))
+            made.append(
+                lambda namespace=namespace: core.delete_namespaced_event("victim", namespace)
+            )
         try:
             yield
         finally:
@@ -154,6 +161,21 @@ def refused(attempt: Callable[[], Any]) -> k8s.ApiException:
 
 
 STRATEGIC = "application/strategic-merge-patch+json"
+CA_LEASE = {"metadata": {"name": "cluster-autoscaler"}, "spec": {"holderIdentity": "provider"}}
+
+
+def foreign_event(namespace: str) -> dict[str, Any]:
+    """An Event another component wrote: the kubelet's about a Node in `default`, else the
+    scheduler's about a Pod of `namespace`."""
+    if namespace == "default":
+        regarding = {"kind": "Node", "name": "worker-1"}
+        reason, source = "NodeNotReady", "kubelet"
+    else:
+        regarding = {"kind": "Pod", "namespace": namespace, "name": "victim"}
+        reason, source = "FailedScheduling", "default-scheduler"
+    return {"metadata": {"name": "victim"}, "involvedObject": regarding, "reason": reason,
+            "message": "0/3 nodes are available", "type": "Warning",
+            "source": {"component": source}}  # fmt: skip
 
 
 def escalations(api: k8s.ApiClient) -> dict[str, Callable[[], Any]]:
@@ -196,6 +218,16 @@ def escalations(api: k8s.ApiClient) -> dict[str, Callable[[], Any]]:
         "write Events elsewhere": lambda: core.create_namespaced_event(
             ELSEWHERE, {"metadata": {"name": "x"}, "involvedObject": {"kind": "Pod"}}
         ),
+        # With `create` on Leases it made kube-system/cluster-autoscaler before CA started,
+        # and CA never led.
+        "create CA's Lease": lambda: coordination.create_namespaced_lease(NAMESPACE, CA_LEASE),
+        "rewrite another component's Event": lambda: core.patch_namespaced_event(
+            "victim", NAMESPACE, {"message": "all is well"}
+        ),
+        "rewrite a Node Event in default": lambda: core.patch_namespaced_event(
+            "victim", "default", {"message": "all is well"}
+        ),
+        "delete an Event": lambda: core.delete_namespaced_event("victim", NAMESPACE),
     }
 
 
@@ -234,6 +266,12 @@ def own_slice_patches() -> dict[str, dict[str, Any]]:
             "endpoints": [{**endpoint, "targetRef": {**pod, "namespace": "default"}}]
         },
         "change its ports": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
+        "annotate it": {"metadata": {"annotations": {"example.com/x": "y"}}},
+        "hold it with a finalizer": {"metadata": {"finalizers": ["example.com/keep"]}},
+        "list two addresses": {
+            "endpoints": [{**endpoint, "addresses": ["10.244.0.7", "10.9.9.9"]}]
+        },
+        "name a host for the endpoint": {"endpoints": [{**endpoint, "hostname": "dns"}]},
     }
 
 
@@ -275,3 +313,65 @@ async def test_its_own_endpointslice_takes_its_endpoint_and_nothing_else(kube: K
         assert denial.status == 422, (what, denial.status)
         assert POLICY in str(denial.body), (what, denial.body)
     assert (await asyncio.to_thread(patch, {"endpoints": []})).endpoints is None
+
+
+# --- a replica's own token: its own Pod and no other -----------------------------------------
+
+
+def bound_token(kube: Kube, namespace: str, account: str, pod: str) -> tuple[str, str]:
+    """A token of `account` bound to a new Pod `pod` (as the kubelet mounts one into each
+    Pod: the API server then knows which Pod holds it), and the Pod's uid."""
+    with kube.client() as api:
+        core = k8s.CoreV1Api(api)
+        with contextlib.suppress(k8s.ApiException):  # exists already (the chart made it)
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+        made = core.create_namespaced_pod(namespace, {
+            "metadata": {"name": pod},
+            "spec": {"serviceAccountName": account, "automountServiceAccountToken": False,
+                     "containers": [{"name": "c", "image": "cloudscale-autoscaler"}]},
+        })  # fmt: skip
+        uid = str(made.metadata.uid)
+        request = {"spec": {"expirationSeconds": 3600, "boundObjectRef": {
+            "apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}}  # fmt: skip
+        token = core.create_namespaced_service_account_token(account, namespace, request)
+    return str(token.status.token), uid
+
+
+def token_kubeconfig(kube: Kube, token: str, path: Path) -> Path:
+    """The admin's kubeconfig with `token` as its user's credentials."""
+    document = yaml.safe_load(kube.admin_kubeconfig.read_text(encoding="utf-8"))
+    for user in document["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    return path
+
+
+async def test_a_replicas_own_token_lists_its_own_pod_and_no_other(
+    kube: Kube, tmp_path: Path
+) -> None:
+    """The kubelet's token of a Pod names that Pod: the policy lets the replica list its own
+    Pod (by name and uid) and refuses another Pod of the namespace, which a token not bound to
+    a Pod may still name."""
+    pod = "cloudscale-autoscaler-bound"
+    token, uid = await asyncio.to_thread(bound_token, kube, NAMESPACE, "cloudscale-autoscaler", pod)
+    kubeconfig = token_kubeconfig(kube, token, tmp_path / "bound.kubeconfig")
+
+    def patch(name: str, uid: str) -> Any:
+        target = {"kind": "Pod", "namespace": NAMESPACE, "name": name, "uid": uid}
+        body = {"endpoints": [{"addresses": ["10.244.0.9"], "targetRef": target}]}
+        with kube.client(kubeconfig) as api:
+            return k8s.DiscoveryV1Api(api).patch_namespaced_endpoint_slice(
+                ENDPOINT_SLICE, NAMESPACE, body
+            )
+
+    try:
+        assert (await asyncio.to_thread(patch, pod, uid)).endpoints[0].target_ref.name == pod
+        for name, other_uid in ((f"{pod}-other", uid), (pod, "another-uid")):
+            denial = await asyncio.to_thread(refused, lambda n=name, u=other_uid: patch(n, u))
+            assert denial.status == 422 and "its own Pod" in str(denial.body), denial.body
+    finally:
+        with kube.client() as api:
+            k8s.CoreV1Api(api).delete_namespaced_pod(pod, NAMESPACE, grace_period_seconds=0)
+            k8s.DiscoveryV1Api(api).patch_namespaced_endpoint_slice(
+                ENDPOINT_SLICE, NAMESPACE, {"endpoints": []}
+            )

@@ -4,13 +4,17 @@ kubelet's own probe both ways; a ClusterIP Service reaches its Pod through kube-
 host and from another Pod; a Pod reaches this host but nothing beyond it; the project's image,
 imported into containerd, runs as a Job and talks to the API server with in-cluster config.
 
-Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): `helm
-install --wait` of the chart with two replicas becomes Ready by the kubelet's probes (and
-installs whose config `serve` refuses, whose cloud never answers, or whose readiness is the old
-leader-only one do not); the real Cluster Autoscaler on this host reaches it through the gRPC
-Service's ClusterIP, scales up from zero and down, and loses or doubles nothing when the
-leader's Pod is deleted during a scale-up; `helm upgrade` rolls the Pods while the Service
-keeps answering; the PodDisruptionBudget refuses evicting both; the kustomize base rolls out.
+Then the provider itself, from that image, as users deploy it (fixtures/deployed.py): the
+image and the chart pushed to a registry on loopback (fixtures/registry.py), helm 4's `helm
+install --wait` of the chart from there with two replicas and the image pulled by digest
+becomes Ready by the kubelet's probes (and installs whose config `serve` refuses, whose cloud
+never answers, or whose readiness is the old leader-only one fail helm 4's own wait; helm 3's
+passes the last one); helm 3 installs and upgrades it too; the real Cluster Autoscaler on this
+host reaches it through the gRPC Service's ClusterIP, scales up from zero and down, and loses
+or doubles nothing when the leader's Pod is deleted during a scale-up; `helm upgrade` reloads
+or rolls the Pods (a setting only a restart applies rolls them) and `helm rollback` rolls them
+back, while the Service keeps answering; the PodDisruptionBudget refuses evicting both; the
+kustomize base rolls out.
 
 Every test that needs the real node is here: one node per machine, and pytest-xdist hands a
 module to one worker.
@@ -42,6 +46,7 @@ from fixtures.cluster import condition_true, running_kwok
 from fixtures.deployed import (
     CHART,
     KUSTOMIZE_BASE,
+    ChartSource,
     ClientFiles,
     EmulatorView,
     GatewayEmulator,
@@ -64,8 +69,9 @@ from fixtures.deployed import (
     write_secret_files,
 )
 from fixtures.node import NEEDS_NODE, RealNode
+from fixtures.registry import Registry
 from fixtures.stack import wait_until
-from fixtures.tools import KUSTOMIZE, ensure, free_port
+from fixtures.tools import HELM, HELM4, KUSTOMIZE, GoTool, ensure, free_port
 from kubernetes import client as k8s
 from kubernetes.stream import stream
 from test_ca_real import (
@@ -165,6 +171,12 @@ def wait_pod(
                 f"{name}: not {what} within {limit:.0f}s; status {pod.status}; events {messages}"
             )
         time.sleep(0.1)
+
+
+def pod_log(core: k8s.CoreV1Api, name: str, namespace: str, **options: Any) -> str:
+    """A Pod's log as text (the kubernetes client 36 returns the bytes' repr otherwise)."""
+    response = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **options)
+    return str(response.data.decode(errors="replace"))
 
 
 def ready(pod: Any) -> bool:
@@ -278,7 +290,7 @@ def test_cluster_ip_reaches_the_pod(real_node: RealNode, namespace: str) -> None
     client = busybox_pod(real_node, "web-client", http_get(cluster_ip, 80), restart="Never")
     core.create_namespaced_pod(namespace, client)
     pod = wait_pod(core, "web-client", finished, "finished")
-    log = core.read_namespaced_pod_log("web-client", namespace)
+    log = pod_log(core, "web-client", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.splitlines()[-1] == "served by web"
 
@@ -341,7 +353,7 @@ def test_pods_cannot_leave_the_machine(
     dropped = real_node.dropped_packets()
     core.create_namespaced_pod(namespace, busybox_pod(real_node, "egress", script, restart="Never"))
     pod = wait_pod(core, "egress", finished, "finished")
-    log = core.read_namespaced_pod_log("egress", namespace)
+    log = pod_log(core, "egress", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.splitlines() == ["host:this host", "outside:blocked"]
     assert real_node.dropped_packets() > dropped
@@ -386,12 +398,12 @@ def test_project_image_runs(real_node: RealNode, namespace: str, project_image: 
 
     _wait_job_complete(batch, "help")
     (help_pod,) = core.list_namespaced_pod(namespace, label_selector="job-name=help").items
-    help_log = core.read_namespaced_pod_log(help_pod.metadata.name, namespace)
+    help_log = pod_log(core, help_pod.metadata.name, namespace)
     assert "usage: cloudscale-autoscaler" in help_log
     assert "serve" in help_log
 
     pod = wait_pod(core, "whoami", finished, "finished")
-    log = core.read_namespaced_pod_log("whoami", namespace)
+    log = pod_log(core, "whoami", namespace)
     assert pod.status.phase == "Succeeded", log
     assert log.strip() == f"user: system:serviceaccount:{namespace}:default"
 
@@ -420,6 +432,8 @@ RELEASE_PODS = f"app.kubernetes.io/instance={RELEASE}"
 CLUSTER_TAG = "real-node"
 CA_VERSION = "1.36.1"
 INSTALL_LIMIT_SECONDS = 180
+_CHART_YAML = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+CHART_VERSION, CHART_APP_VERSION = str(_CHART_YAML["version"]), str(_CHART_YAML["appVersion"])
 # The chart's leader election (its defaults): the Service follows a new leader within
 # leaseDuration plus a few seconds (docs/deployment.md). A deleted, evicted or rolled leader
 # gets SIGTERM and releases the Lease, so the other replica serves within a retryPeriod (2 s)
@@ -445,18 +459,30 @@ def group(**fields: Any) -> dict[str, Any]:
             "userData": KUBELET_USER_DATA, **fields}  # fmt: skip
 
 
-def chart_values(image: str, cloud_url: str) -> dict[str, Any]:
-    """What a user sets: the image (imported, never pulled), no cert-manager, the cloud API
-    (the emulator), a node group. ScheduleAnyway: the one node the replicas can use has the
-    tainted Nodes of emulated servers beside it, which DoNotSchedule counts as places for a
-    replica too (nodeTaintsPolicy Ignore), so a replica replacing one would stay Pending.
+@dataclass(frozen=True)
+class Published:
+    """The image and the packaged chart in the loopback registry, as a release publishes
+    them: the image's repository and manifest digest, and the chart's OCI reference."""
+
+    repository: str
+    digest: str
+    chart: ChartSource
+
+
+def chart_values(published: Published, cloud_url: str, pod_cidr: str) -> dict[str, Any]:
+    """What a user sets: the image by its digest (pulled from the registry, as a signature
+    covers it), no cert-manager, the cloud API (the emulator), a node group, the Pod network
+    for the route's admission policy. ScheduleAnyway: the one node the replicas can use has
+    the tainted Nodes of emulated servers beside it, which DoNotSchedule counts as places for
+    a replica too (nodeTaintsPolicy Ignore), so a replica replacing one would stay Pending.
     ScheduleAnyway keeps the chart's spreading as a preference; `enabled: false` would drop
     it."""
-    repository, _, tag = image.rpartition(":")
     return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "image": {"repository": published.repository, "digest": published.digest,
+                  "pullPolicy": "IfNotPresent"},
         "certManager": {"enabled": False},
         "topologySpread": {"whenUnsatisfiable": "ScheduleAnyway"},
+        "kubernetes": {"leaderElection": {"podCIDRs": [pod_cidr]}},
         "config": {"cluster": CLUSTER_TAG, "cloudscale": {"url": cloud_url},
                    "nodeGroups": [group()]},
     }  # fmt: skip
@@ -495,19 +521,42 @@ def provider_ca() -> Issued:
 
 
 @pytest.fixture(scope="module")
+def published(
+    real_node: RealNode, image: str, registry: Registry, tmp_path_factory: pytest.TempPathFactory
+) -> Published:
+    """The project's image pushed to the registry (podman push) and the chart packaged and
+    pushed there (helm 4 package, helm push); containerd told it may pull from it."""
+    started = time.monotonic()
+    digest = registry.push_image(image, "cloudscale-autoscaler", CHART_APP_VERSION)
+    real_node.timings["image pushed to the registry"] = time.monotonic() - started
+    directory = tmp_path_factory.mktemp("chart")
+    packaged = helm(real_node.kube, "package", str(CHART), "--destination", str(directory))
+    assert packaged.returncode == 0, packaged.stderr
+    (archive,) = directory.glob("*.tgz")
+    charts = f"oci://{registry.reference('charts')}"
+    pushed = helm(real_node.kube, "push", str(archive), charts, "--plain-http")
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    real_node.trust_registry(registry.host)
+    source = ChartSource(f"{charts}/cloudscale-autoscaler",
+                         ("--version", CHART_VERSION, "--plain-http"))  # fmt: skip
+    return Published(registry.reference("cloudscale-autoscaler"), digest, source)
+
+
+@pytest.fixture(scope="module")
 def release(
     real_node: RealNode,
-    project_image: str,
+    published: Published,
     gateway_emulator: GatewayEmulator,
     provider_ca: Issued,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Release:
-    """The chart installed with `helm install --wait` into kube-system."""
-    values = chart_values(project_image, gateway_emulator.url)
+    """The chart installed from the registry with helm 4's `helm install --wait` into
+    kube-system, its image pulled by digest."""
+    values = chart_values(published, gateway_emulator.url, real_node.pod_cidr)
     directory = tmp_path_factory.mktemp("release")
     done, seconds, secrets = helm_install(
         real_node.kube, RELEASE, SYSTEM, values, provider_ca, directory,
-        "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
+        "--timeout", f"{INSTALL_LIMIT_SECONDS}s", source=published.chart,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     both = wait_for(
@@ -535,9 +584,10 @@ def provider_pods(node: RealNode) -> list[Any]:
 
 
 def test_helm_install_waits_for_two_ready_replicas(
-    real_node: RealNode, release: Release, ca_client: ClientFiles
+    real_node: RealNode, release: Release, published: Published, ca_client: ClientFiles
 ) -> None:
-    """`helm install --wait` returned and both Pods are Ready by the kubelet's probes of the
+    """helm 4's `helm install --wait` of the chart from the registry returned, containerd
+    pulled the image by digest, and both Pods are Ready by the kubelet's probes of the
     real processes, on the real node: one answers /readyz as the leader, the other as its
     standby. The EndpointSlice lists the leader alone, and through the Service's ClusterIP,
     under the certificate's DNS name, the leader answers CA's first call."""
@@ -545,6 +595,12 @@ def test_helm_install_waits_for_two_ready_replicas(
     pods = provider_pods(real_node)
     assert len(pods) == 2 and all(map(ready, pods)), [p.status for p in pods]
     assert {pod.spec.node_name for pod in pods} == {real_node.name}
+    # containerd pulled the image from the registry, by the digest the chart names.
+    image = f"{published.repository}@{published.digest}"
+    for pod in pods:
+        [status] = pod.status.container_statuses
+        assert pod.spec.containers[0].image == image
+        assert status.image_id.endswith(published.digest), status.image_id
     leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
     answers = {pod.metadata.name: readyz(pod) for pod in pods}
     assert answers.pop(leader) == "ready: leader", answers
@@ -574,7 +630,8 @@ LEADER_ONLY_PROBE = {
     "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 2,
 }  # fmt: skip
 POST_RENDERER = """#!{python}
-# Replaces the provider's readiness probe in the rendered chart (helm --post-renderer).
+# Replaces the provider's readiness probe in the rendered chart (helm --post-renderer: helm 3
+# runs this file, helm 4 the plugin POST_RENDERER_PLUGIN names).
 import json, sys, yaml
 docs = [doc for doc in yaml.safe_load_all(sys.stdin) if doc]
 for doc in docs:
@@ -584,15 +641,28 @@ yaml.safe_dump_all(docs, sys.stdout)
 """
 
 
+# helm 4 runs post-renderers only as plugins (type postrenderer/v1), found in HELM_PLUGINS.
+POST_RENDERER_PLUGIN = """name: {name}
+version: 0.1.0
+type: postrenderer/v1
+apiVersion: v1
+runtime: subprocess
+runtimeConfig:
+  platformCommand:
+    - command: {script}
+"""
+
+
 @dataclass(frozen=True)
 class Red:
     """An install that cannot become what the install test asks: its values on top of the
-    good install's, or a post-renderer's probe; helm's own timeout."""
+    good install's, or a post-renderer's probe; helm's own timeout; the helm it runs."""
 
     release: str
     values: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] | None = None
     timeout: str = RED_TIMEOUT
+    client: GoTool = HELM4
 
 
 RED = {
@@ -604,9 +674,13 @@ RED = {
     ),
     # Ready means the cloud API answered: nothing listens at this URL.
     "the cloud never answers": Red("unanswered", {"config": {"cloudscale": {"url": None}}}),
-    # helm counts a Deployment ready at replicas - maxUnavailable Ready Pods: 1 here, so it
+    # helm 4 waits with kstatus: a Deployment is ready when every replica is available.
+    "only the leader is Ready": Red("leaderonly", probe=LEADER_ONLY_PROBE),
+    # helm 3 counts a Deployment ready at replicas - maxUnavailable Ready Pods: 1 here, so it
     # returns; a longer timeout keeps a slow start from failing it.
-    "only the leader is Ready": Red("leaderonly", probe=LEADER_ONLY_PROBE, timeout="90s"),
+    "only the leader is Ready, helm 3": Red(
+        "leaderonly3", probe=LEADER_ONLY_PROBE, timeout="90s", client=HELM
+    ),
 }
 
 
@@ -636,16 +710,28 @@ def red_install(
     namespace = node.namespace(f"red-{red.release}")
     started = time.monotonic()
     args = ["--timeout", red.timeout]
+    env: dict[str, str] = {}
     if red.probe is not None:
         renderer = directory / f"{red.release}-post-renderer"
         script = POST_RENDERER.format(python=sys.executable, probe=json.dumps(red.probe))
         renderer.write_text(script)
         renderer.chmod(0o755)
-        args += ["--post-renderer", str(renderer)]
-    done, _, _ = helm_install(node.kube, red.release, namespace, values, ca, directory, *args)
+        if red.client == HELM4:
+            plugin = directory / f"{red.release}-plugins" / red.release
+            plugin.mkdir(parents=True)
+            (plugin / "plugin.yaml").write_text(
+                POST_RENDERER_PLUGIN.format(name=red.release, script=renderer)
+            )
+            env["HELM_PLUGINS"] = str(plugin.parent)
+            args += ["--post-renderer", red.release]
+        else:
+            args += ["--post-renderer", str(renderer)]
+    done, _, _ = helm_install(node.kube, red.release, namespace, values, ca, directory, *args,
+                              client=red.client, env=env)  # fmt: skip
     time.sleep(max(0.0, RED_OBSERVED_SECONDS - (time.monotonic() - started)))
     outcome = observe(node, namespace, red.release, done)
-    helm(node.kube, "uninstall", red.release, "--namespace", namespace, "--wait")
+    helm(node.kube, "uninstall", red.release, "--namespace", namespace, "--wait",
+         client=red.client)  # fmt: skip
     return outcome
 
 
@@ -675,22 +761,22 @@ def container_logs(core: k8s.CoreV1Api, namespace: str, name: str) -> str:
     found = []
     for previous in (True, False):
         with contextlib.suppress(k8s.ApiException):
-            found.append(core.read_namespaced_pod_log(name, namespace, previous=previous))
+            found.append(pod_log(core, name, namespace, previous=previous))
     return "".join(found)
 
 
 @pytest.fixture(scope="module")
 def red_outcomes(
     real_node: RealNode,
-    project_image: str,
+    published: Published,
     gateway_emulator: GatewayEmulator,
     provider_ca: Issued,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, RedOutcome]:
     """Every RED install at once (each waits out its timeout: one after the other would
-    take three times as long)."""
+    take four times as long)."""
     directory = tmp_path_factory.mktemp("red")
-    good = chart_values(project_image, gateway_emulator.url)
+    good = chart_values(published, gateway_emulator.url, real_node.pod_cidr)
     unanswered = f"http://{real_node.gateway}:{free_port()}/v1"  # nothing listens there
     with ThreadPoolExecutor(len(RED)) as pool:
         futures = {}
@@ -703,9 +789,11 @@ def red_outcomes(
 
 
 def helm_failed(outcome: RedOutcome) -> str:
+    """helm 4's own verdict: the Deployment not ready (kstatus) when its timeout ran out."""
     output = outcome.helm.stdout + outcome.helm.stderr
     assert outcome.helm.returncode != 0, output
     assert "context deadline exceeded" in output, output
+    assert "Deployment/" in output and "not ready" in output, output
     return output
 
 
@@ -734,15 +822,65 @@ def test_an_install_whose_cloud_never_answers_fails(red_outcomes: dict[str, RedO
     assert all(body.startswith("not ready") for body in outcome.readyz.values()), outcome.readyz
 
 
-def test_leader_only_readiness_fails_the_install_check(red_outcomes: dict[str, RedOutcome]) -> None:
-    """The old leader-only readiness: helm --wait returns (it needs replicas - maxUnavailable
-    = 1 Ready Pod), but the standby is never Ready, so the rollout never completes and the
-    install test's check fails, as it must."""
+def test_leader_only_readiness_fails_helm_4s_wait(red_outcomes: dict[str, RedOutcome]) -> None:
+    """The old leader-only readiness: helm 4 waits with kstatus, which counts every replica
+    (available replicas below spec.replicas: InProgress), so its own `--wait` fails at its
+    timeout; the standby never became Ready."""
     outcome = red_outcomes["only the leader is Ready"]
+    output = helm_failed(outcome)
+    print(f"helm 4's verdict: {output.strip().splitlines()[-1]}")
+    assert "InProgress" in output, output
+    assert not outcome.all_ready
+    readiness = {pod.metadata.name: ready(pod) for pod in outcome.pods}
+    assert readiness == {name: name == outcome.leader for name in readiness}, readiness
+
+
+def test_leader_only_readiness_passes_helm_3_but_fails_the_install_check(
+    red_outcomes: dict[str, RedOutcome],
+) -> None:
+    """helm 3's `--wait` returns (it needs replicas - maxUnavailable = 1 Ready Pod), but the
+    standby is never Ready, so the rollout never completes and the install test's own check
+    fails, as it must."""
+    outcome = red_outcomes["only the leader is Ready, helm 3"]
     assert outcome.helm.returncode == 0, outcome.helm.stdout + outcome.helm.stderr
     assert not outcome.all_ready
     readiness = {pod.metadata.name: ready(pod) for pod in outcome.pods}
     assert readiness == {name: name == outcome.leader for name in readiness}, readiness
+
+
+def test_helm_3_installs_and_upgrades_the_chart(
+    real_node: RealNode,
+    published: Published,
+    gateway_emulator: GatewayEmulator,
+    provider_ca: Issued,
+    tmp_path: Path,
+) -> None:
+    """helm 3 stays supported: `helm install --wait` of the chart from the registry, both
+    replicas Ready, then `helm upgrade --wait` with a setting only a restart applies (new Pods,
+    both Ready again); then uninstalled."""
+    release, namespace = "csa3", real_node.namespace("helm3")
+    fullname, selector = f"{release}-cloudscale-autoscaler", f"app.kubernetes.io/instance={release}"
+    values = chart_values(published, gateway_emulator.url, real_node.pod_cidr)
+    values["config"]["cluster"] = "helm3"
+    done, _, _ = helm_install(
+        real_node.kube, release, namespace, values, provider_ca, tmp_path,
+        "--timeout", f"{INSTALL_LIMIT_SECONDS}s", source=published.chart, client=HELM,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_for(lambda: all_ready(real_node.kube, namespace, fullname, selector), 60,
+             "helm 3's install: both replicas Ready")  # fmt: skip
+    before = {p.metadata.name for p in live_pods(real_node.core(), namespace, selector)}
+    path = tmp_path / "upgrade.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(values, {"config": {"gpuLabel": "example.com/gpu"}})))
+    upgraded = helm(real_node.kube, "upgrade", release, published.chart.reference,
+                    *published.chart.options, "--namespace", namespace, "-f", str(path),
+                    "--wait", "--timeout", f"{INSTALL_LIMIT_SECONDS}s", client=HELM)  # fmt: skip
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    wait_for(lambda: all_ready(real_node.kube, namespace, fullname, selector), 60,
+             "helm 3's upgrade: both replicas Ready")  # fmt: skip
+    after = {p.metadata.name for p in live_pods(real_node.core(), namespace, selector)}
+    assert not before & after, "a restart-only setting rolled the Pods"
+    helm(real_node.kube, "uninstall", release, "--namespace", namespace, "--wait", client=HELM)
 
 
 @pytest.fixture(scope="module")
@@ -921,30 +1059,45 @@ def ca_status_max_size(node: RealNode, group_name: str) -> int | None:
     return sizes[0] if sizes else None
 
 
+# A setting only a restart applies, and one CA can read back through the Service (GPULabel).
+GPU_LABEL = "example.com/gpu"
+
+
 def test_helm_upgrade_reloads_or_rolls_and_ca_keeps_its_provider(
     real_node: RealNode,
     release: Release,
+    published: Published,
     ca_client: ClientFiles,
     autoscaler: Autoscaler,
     tmp_path: Path,
 ) -> None:
-    """`helm upgrade --wait` with the group's maxSize changed. By default (reloadConfig) the
-    running Pods reload the changed ConfigMap: no Pod is replaced, and the Service answers the
-    new maxSize once the kubelet brought the file in. With reloadConfig false the config's
-    checksum rolls both Pods, one at a time. Either way calls through the Service go unanswered
-    no longer than the documented bound, and CA shows the new maxSize."""
+    """helm 4's `helm upgrade --wait` of the chart from the registry, four times. The group's
+    maxSize changed (reloadConfig, the default): the running Pods reload the changed
+    ConfigMap, no Pod is replaced, and the Service answers the new maxSize once the kubelet
+    brought the file in. gpuLabel changed, which only a restart applies: the checksum of such
+    settings rolls both Pods, and the new ones answer the new label. With reloadConfig false
+    any config change rolls them. `helm rollback --wait` to the gpuLabel revision rolls them
+    back to it. Each time calls through the Service go unanswered no longer than the
+    documented bound, and CA shows the last maxSize."""
     wait_for(lambda: all_ready(real_node.kube, SYSTEM, FULLNAME, RELEASE_PODS), 60,
              "both replicas Ready before the upgrade")  # fmt: skip
-    reloaded = upgrade(real_node, release, ca_client, autoscaler, tmp_path, MAX_SIZE + 1, {})
+    step = Step(real_node, release, published, ca_client, autoscaler, tmp_path)
+    reloaded = step.upgrade(MAX_SIZE + 1, {})
     assert reloaded.old == reloaded.new, "a reloadable change replaced the Pods"
-    rolled = upgrade(real_node, release, ca_client, autoscaler, tmp_path, MAX_SIZE + 2,
-                     {"reloadConfig": False})  # fmt: skip
+    restarted = step.upgrade(MAX_SIZE + 1, {"config": {"gpuLabel": GPU_LABEL}}, GPU_LABEL)
+    assert not restarted.old & restarted.new, "a setting only a restart applies did not roll"
+    revision = step.revision()
+    rolled = step.upgrade(MAX_SIZE + 2, {"reloadConfig": False})
     assert not rolled.old & rolled.new, "not rolled"
-    for name, result in (("reloaded", reloaded), ("rolled", rolled)):
+    back = step.run(MAX_SIZE + 1, GPU_LABEL, "rollback", RELEASE, str(revision))
+    assert not back.old & back.new, "the rollback did not roll the Pods"
+    results = {"reloaded": reloaded, "restart setting": restarted, "rolled": rolled,
+               "rolled back": back}  # fmt: skip
+    for name, result in results.items():
         real_node.timings[f"helm upgrade -> {name}"] = result.seconds
         real_node.timings[f"helm upgrade ({name}): longest unanswered"] = result.gap
-    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 2, 30,
-             f"CA's status showing maxSize {MAX_SIZE + 2}")  # fmt: skip
+    wait_for(lambda: ca_status_max_size(real_node, "workers") == MAX_SIZE + 1, 30,
+             f"CA's status showing maxSize {MAX_SIZE + 1}")  # fmt: skip
 
 
 @dataclass
@@ -955,43 +1108,61 @@ class Upgraded:
     gap: float  # the longest time calls through the Service went unanswered
 
 
-def upgrade(
-    node: RealNode,
-    release: Release,
-    ca_client: ClientFiles,
-    autoscaler: Autoscaler,
-    tmp_path: Path,
-    max_size: int,
-    more: dict[str, Any],
-) -> Upgraded:
-    """`helm upgrade --wait` of the release's values with workers at `max_size` (and `more`),
-    until the Service answers that maxSize and both replicas are Ready."""
-    old = {p.metadata.name for p in provider_pods(node)}
-    values = deep_merge(release.values, {"config": {"nodeGroups": [group(maxSize=max_size)]}})
-    path = tmp_path / f"values-{max_size}.yaml"
-    path.write_text(yaml.safe_dump(deep_merge(values, more)))
-    log_before = len(autoscaler.output)
-    with release.probe(ca_client) as probe:
-        started = time.monotonic()
-        done = helm(
-            node.kube, "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM,
-            "-f", str(path), "--wait", "--timeout", f"{INSTALL_LIMIT_SECONDS}s",
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
+@dataclass
+class Step:
+    """helm 4 upgrades and rollbacks of the module's release, each until it is served."""
 
-        def served() -> bool:
-            return all_ready(node.kube, SYSTEM, FULLNAME, RELEASE_PODS) and (
-                (probe.last_answer() or {}).get("workers") == max_size
-            )
+    node: RealNode
+    release: Release
+    published: Published
+    ca_client: ClientFiles
+    autoscaler: Autoscaler
+    tmp_path: Path
 
-        wait_for(served, 120, f"the Service never answered maxSize {max_size}")
-        seconds = time.monotonic() - started
-    gap = probe.longest_gap()
-    ca_errors = autoscaler.output[log_before:].count("rpc error")
-    print(f"upgrade to maxSize {max_size}: served after {seconds:.1f}s, longest unanswered "
-          f"{gap:.1f}s ({probe.summary()}; {ca_errors} rpc error lines in CA's log)")  # fmt: skip
-    assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
-    return Upgraded(old, {p.metadata.name for p in provider_pods(node)}, seconds, gap)
+    def upgrade(self, max_size: int, more: dict[str, Any], gpu: str | None = None) -> Upgraded:
+        """`helm upgrade --wait` of the release's values with workers at `max_size` (and
+        `more`)."""
+        values = deep_merge(self.release.values,
+                            {"config": {"nodeGroups": [group(maxSize=max_size)]}})  # fmt: skip
+        path = self.tmp_path / f"values-{max_size}-{len(list(self.tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump(deep_merge(values, more)))
+        chart = self.published.chart
+        return self.run(max_size, gpu, "upgrade", RELEASE, chart.reference, *chart.options,
+                        "-f", str(path))  # fmt: skip
+
+    def revision(self) -> int:
+        done = helm(self.node.kube, "status", RELEASE, "--namespace", SYSTEM, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        return int(json.loads(done.stdout)["version"])
+
+    def run(self, max_size: int, gpu: str | None, *args: str) -> Upgraded:
+        """`helm ARGS --wait`, until the Service answers `max_size` (and the GPU label
+        `gpu`, when given) and both replicas are Ready."""
+        node = self.node
+        old = {p.metadata.name for p in provider_pods(node)}
+        log_before = len(self.autoscaler.output)
+        with self.release.probe(self.ca_client) as probe:
+            started = time.monotonic()
+            done = helm(node.kube, *args, "--namespace", SYSTEM, "--wait",
+                        "--timeout", f"{INSTALL_LIMIT_SECONDS}s")  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+
+            def served() -> bool:
+                return (
+                    all_ready(node.kube, SYSTEM, FULLNAME, RELEASE_PODS)
+                    and (probe.last_answer() or {}).get("workers") == max_size
+                    and (gpu is None or probe.gpu_label() == gpu)
+                )
+
+            wait_for(served, 120, f"the Service never answered maxSize {max_size} ({gpu})")
+            seconds = time.monotonic() - started
+        gap = probe.longest_gap()
+        ca_errors = self.autoscaler.output[log_before:].count("rpc error")
+        print(f"helm {args[0]} to maxSize {max_size} ({gpu}): served after {seconds:.1f}s, "
+              f"longest unanswered {gap:.1f}s ({probe.summary()}; {ca_errors} rpc error lines "
+              "in CA's log)")  # fmt: skip
+        assert gap < HANDOVER_LIMIT_SECONDS, probe.summary()
+        return Upgraded(old, {p.metadata.name for p in provider_pods(node)}, seconds, gap)
 
 
 def evict(node: RealNode, name: str) -> None:
@@ -1041,19 +1212,16 @@ def test_the_budget_refuses_evicting_both_replicas(
              "both replicas Ready again")  # fmt: skip
 
 
-def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
-    """What a user's overlay of the base changes here: the image (imported, never pulled), the
-    config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the tainted
-    Nodes of emulated servers count as places for a replica), and no cert-manager objects (no
-    cert-manager here: its Secrets are created as it would)."""
+def kustomize_overlay(directory: Path, published: Published, cloud_url: str) -> Path:
+    """What a user's overlay of the base changes here: the image (the registry's, by digest),
+    the config's cluster and cloud API (the emulator), ScheduleAnyway as for the chart (the
+    tainted Nodes of emulated servers count as places for a replica), and no cert-manager
+    objects (no cert-manager here: its Secrets are created as it would)."""
     config = yaml.safe_load((KUSTOMIZE_BASE / "config.yaml").read_text())
     config["cluster"] = "kustomized"
     config["cloudscale"]["url"] = cloud_url
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
-    repository, _, tag = image.rpartition(":")
     deployment_patch = [
-        {"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy",
-         "value": "Never"},
         {"op": "replace", "path": "/spec/template/spec/topologySpreadConstraints/0/"
          "whenUnsatisfiable", "value": "ScheduleAnyway"},
     ]  # fmt: skip
@@ -1065,7 +1233,7 @@ def kustomize_overlay(directory: Path, image: str, cloud_url: str) -> Path:
         # kustomize takes no absolute path here.
         "resources": [os.path.relpath(KUSTOMIZE_BASE, directory)],
         "images": [{"name": "ghcr.io/cloudscale-autoscaler/cloudscale-autoscaler",
-                    "newName": repository, "newTag": tag}],
+                    "newName": published.repository, "digest": published.digest}],
         "configMapGenerator": [{"name": "cloudscale-autoscaler-config", "behavior": "replace",
                                 "files": ["config.yaml"]}],
         "patches": [
@@ -1084,7 +1252,7 @@ BASE_PODS = "app.kubernetes.io/name=cloudscale-autoscaler,!app.kubernetes.io/ins
 
 def test_the_kustomize_base_rolls_out_two_ready_replicas(
     real_node: RealNode,
-    project_image: str,
+    published: Published,
     gateway_emulator: GatewayEmulator,
     provider_ca: Issued,
     tmp_path: Path,
@@ -1092,7 +1260,7 @@ def test_the_kustomize_base_rolls_out_two_ready_replicas(
     """The base through an overlay, applied server-side as `kubectl apply -k` would, with the
     token and certificate Secrets first: both replicas Ready by the kubelet's probes, the
     rollout complete, the gRPC Service's EndpointSlice listing the leader alone."""
-    overlay = kustomize_overlay(tmp_path, project_image, gateway_emulator.url)
+    overlay = kustomize_overlay(tmp_path, published, gateway_emulator.url)
     built = subprocess.run([ensure(KUSTOMIZE), "build", str(overlay)], capture_output=True,
                            text=True, timeout=120, check=False)  # fmt: skip
     assert built.returncode == 0, built.stderr
@@ -1105,8 +1273,15 @@ def test_the_kustomize_base_rolls_out_two_ready_replicas(
     create_secrets(real_node.kube, SYSTEM, base_certificates, provider_ca)
     apply(real_node.kube, documents, "kustomize-test")
     name = "cloudscale-autoscaler"
-    rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
-                      "the base's replicas Ready")  # fmt: skip
+    try:
+        rolled = wait_for(lambda: all_ready(real_node.kube, SYSTEM, name, BASE_PODS), 120,
+                          "the base's replicas Ready")  # fmt: skip
+    except AssertionError as late:
+        states = [
+            (p.metadata.name, p.status.phase, p.status.conditions, p.status.container_statuses)
+            for p in live_pods(core, SYSTEM, BASE_PODS)
+        ]
+        raise AssertionError(f"{late}: {states}") from None
     real_node.timings["kustomize apply -> both Ready"] = rolled
     leader = lease_holder(real_node.kube, SYSTEM, name)
     assert leader in {p.metadata.name for p in live_pods(core, SYSTEM, BASE_PODS)}

@@ -1,10 +1,15 @@
 """tools/release.py, run as a release runs it: wheels for x86_64 and aarch64 (maturin with zig),
 the sdist, the image archive (of the image tests/fixtures/image.py built: the same Dockerfile),
-the packaged chart and SHA256SUMS. The x86_64 wheel is then installed into a fresh virtualenv
-with no Rust toolchain anywhere on PATH and runs `demo --once`, as a Python user would."""
+the packaged chart, SBOMs of the image and of each wheel, and SHA256SUMS; the image and the
+chart pushed to a loopback registry (fixtures/registry.py) and signed with cosign and a key
+the test makes, the image's SBOM attested. The x86_64 wheel is then installed into a fresh
+virtualenv with no Rust toolchain anywhere on PATH and runs `demo --once`, as a Python user
+would; a user's `cosign verify` accepts what was published and refuses what was not signed,
+was changed, or was signed with another key."""
 
 from __future__ import annotations
 
+import base64
 import email.parser
 import hashlib
 import json
@@ -21,8 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures.image import NEEDS_IMAGE, PODMAN_GLOBAL, podman_binary
-from fixtures.tools import HELM, install
+from fixtures.image import NEEDS_IMAGE, PODMAN_GLOBAL, podman, podman_binary
+from fixtures.registry import Registry
+from fixtures.tools import COSIGN, HELM, SYFT, install
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -41,17 +47,41 @@ WHEEL = re.compile(
 )
 
 
+KEY_PASSWORD = "release-test"
+
+
 def release_env(helm: str) -> dict[str, str]:
     env = dict(os.environ)
     env["CONTAINER_ENGINE"] = shlex.join([podman_binary(), *PODMAN_GLOBAL])
     env["HELM"] = helm
+    env["SYFT"] = install(SYFT)
+    env["COSIGN"] = install(COSIGN)
+    env["COSIGN_PASSWORD"] = KEY_PASSWORD
     return env
 
 
+def cosign(*args: str, key_password: str = KEY_PASSWORD) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COSIGN_PASSWORD": key_password}
+    return subprocess.run([install(COSIGN), *args], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def release(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cosign key pair (cosign.key, cosign.pub) made for this release."""
+    directory = tmp_path_factory.mktemp("keys")
+    done = cosign("generate-key-pair", "--output-key-prefix", str(directory / "cosign"))
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+@pytest.fixture(scope="module")
+def release(
+    image: str, registry: Registry, keys: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     out = tmp_path_factory.mktemp("release") / f"release-{VERSION}"
     argv = [sys.executable, str(ROOT / "tools/release.py"), "--out", str(out)]
+    argv += ["--registry", registry.host, "--plain-http", "--cosign-key", str(keys / "cosign.key")]
     started = time.monotonic()
     done = subprocess.run(
         [*argv, "--image-from", image],
@@ -64,6 +94,11 @@ def release(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     print(f"release built in {time.monotonic() - started:.0f} s")
     return out
+
+
+def published(release: Path) -> dict[str, str]:
+    """PUBLISHED: what the release pushed, by digest."""
+    return dict(line.split(" ", 1) for line in (release / "PUBLISHED").read_text().splitlines())
 
 
 def wheels(release: Path) -> dict[str, Path]:
@@ -79,12 +114,14 @@ pytestmark = [pytest.mark.image, pytest.mark.release, NEEDS_IMAGE]
 
 
 def test_every_artifact_is_there_with_its_checksum(release: Path) -> None:
-    names = {p.name for p in release.iterdir()} - {"SHA256SUMS"}
+    names = {p.name for p in release.iterdir()} - {"SHA256SUMS", "SHA256SUMS.sigstore.json"}
     assert set(wheels(release)) == {"x86_64", "aarch64"}
     assert f"cloudscale_autoscaler-{VERSION}.tar.gz" in names  # the sdist
     assert f"cloudscale-autoscaler-{VERSION}-image.tar.gz" in names
     assert f"cloudscale-autoscaler-{CHART_VERSION}.tgz" in names  # the chart
-    assert len(names) == 5, sorted(names)
+    sboms = {f"{p.name}.spdx.json" for p in wheels(release).values()}
+    assert sboms | {f"cloudscale-autoscaler-{VERSION}-image.spdx.json", "PUBLISHED"} <= names
+    assert len(names) == 9, sorted(names)
     listed = {}
     for line in (release / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split("  ")
@@ -173,7 +210,8 @@ def test_a_chart_for_another_version_stops_the_release(tmp_path: Path) -> None:
     pyproject.toml's version is refused before anything is built."""
     tree = tmp_path / "repo"
     (tree / "tools").mkdir(parents=True)
-    (tree / "tools/release.py").write_text((ROOT / "tools/release.py").read_text())
+    for name in ("release.py", "publish.py"):
+        (tree / "tools" / name).write_text((ROOT / "tools" / name).read_text())
     (tree / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     chart = tree / "deploy/helm/cloudscale-autoscaler"
     chart.mkdir(parents=True)
@@ -187,3 +225,106 @@ def test_a_chart_for_another_version_stops_the_release(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "Chart.yaml: appVersion is '9.9.9', expected the project's version" in done.stderr
     assert not (tree / "dist").exists()
+
+
+# --- SBOMs and signatures, as a user checks them (docs/releasing.md) ------------------------
+
+
+def spdx_packages(path: Path) -> dict[str, set[str]]:
+    """An SPDX JSON document's packages: name -> versions."""
+    document = json.loads(path.read_text())
+    assert document["spdxVersion"] == "SPDX-2.3", document.get("spdxVersion")
+    found: dict[str, set[str]] = {}
+    for package in document["packages"]:
+        found.setdefault(package["name"], set()).add(package.get("versionInfo", ""))
+    return found
+
+
+def test_the_sboms_list_what_the_image_and_the_wheels_hold(release: Path) -> None:
+    """The image's: Debian's Python and the project with its dependencies at the versions
+    installed; each wheel's: the project and the crates of its compiled transport."""
+    image = spdx_packages(release / f"cloudscale-autoscaler-{VERSION}-image.spdx.json")
+    assert VERSION in image["cloudscale-autoscaler"], sorted(image)
+    for dependency in ("kubernetes", "grpcio", "cryptography", "protobuf"):
+        assert dependency in image, sorted(image)
+    assert any(name.startswith("python3.11") or name == "python" for name in image), sorted(image)
+    lock = tomllib.loads((ROOT / "rust" / "Cargo.lock").read_text())
+    crates = {p["name"]: p["version"] for p in lock["package"]}
+    for wheel in wheels(release).values():
+        held = spdx_packages(wheel.with_name(wheel.name + ".spdx.json"))
+        assert VERSION in held["cloudscale-autoscaler"] or VERSION in held.get(
+            "cloudscale_autoscaler", set()
+        ), sorted(held)
+        for crate in ("tonic", "rustls", "pyo3"):
+            assert crates[crate] in held[crate], (crate, held.get(crate))
+
+
+def test_a_user_verifies_the_image_the_chart_and_the_sbom_attestation(
+    release: Path, keys: Path
+) -> None:
+    public = str(keys / "cosign.pub")
+    offline = ("--insecure-ignore-tlog=true", "--allow-http-registry")
+    refs = published(release)
+    for what in ("image", "chart"):
+        done = cosign("verify", "--key", public, *offline, refs[what])
+        assert done.returncode == 0, (what, done.stderr)
+        claims = json.loads(done.stdout)
+        digests = {claim["critical"]["image"]["docker-manifest-digest"] for claim in claims}
+        assert digests == {refs[what].split("@")[1]}, claims
+    done = cosign("verify-attestation", "--key", public, "--type", "spdxjson", *offline,
+                  refs["image"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    statement = json.loads(base64.b64decode(json.loads(done.stdout.splitlines()[0])["payload"]))
+    assert statement["predicateType"] == "https://spdx.dev/Document"
+    names = {p["name"] for p in statement["predicate"]["packages"]}
+    assert "cloudscale-autoscaler" in names
+    sums = release / "SHA256SUMS"
+    print(f"verified: {refs}")
+    done = cosign("verify-blob", "--key", public, "--insecure-ignore-tlog=true", "--bundle",
+                  str(release / "SHA256SUMS.sigstore.json"), str(sums))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_unsigned_changed_or_foreign_artifact_is_refused(
+    release: Path, keys: Path, registry: Registry, tmp_path: Path
+) -> None:
+    """What a user's verification must refuse: an image pushed over the release's tag (its
+    digest has no signature), an image nobody signed, the release verified with another key,
+    and a changed SHA256SUMS."""
+    public = str(keys / "cosign.pub")
+    offline = ("--insecure-ignore-tlog=true", "--allow-http-registry")
+    (tmp_path / "payload").write_text("not the release\n")
+    with tarfile.open(tmp_path / "rootfs.tar", "w") as tar:
+        tar.add(tmp_path / "payload", "payload")
+    podman("import", str(tmp_path / "rootfs.tar"), "localhost/not-the-release:1")
+    tag = f"{registry.reference('cloudscale-autoscaler')}:{VERSION}"
+    registry.push_image("localhost/not-the-release:1", "cloudscale-autoscaler", VERSION)
+    unsigned = registry.push_image("localhost/not-the-release:1", "unsigned", "1")
+    other = tmp_path / "other"
+    assert cosign("generate-key-pair", "--output-key-prefix", str(other)).returncode == 0
+    refs = published(release)
+    tampered = tmp_path / "SHA256SUMS"
+    tampered.write_text((release / "SHA256SUMS").read_text().replace("a", "b", 1))
+    attempts = {
+        "an image pushed over the tag": ("verify", "--key", public, *offline, tag),
+        "an unsigned image": (
+            "verify", "--key", public, *offline, f"{registry.reference('unsigned')}@{unsigned}"
+        ),
+        "an unattested image": (
+            "verify-attestation", "--key", public, "--type", "spdxjson", *offline, tag
+        ),
+        "the image with another key": ("verify", "--key", f"{other}.pub", *offline,
+                                       refs["image"]),
+        "the chart with another key": ("verify", "--key", f"{other}.pub", *offline,
+                                       refs["chart"]),
+        "a changed SHA256SUMS": (
+            "verify-blob", "--key", public, "--insecure-ignore-tlog=true", "--bundle",
+            str(release / "SHA256SUMS.sigstore.json"), str(tampered),
+        ),
+    }  # fmt: skip
+    answers = {what: cosign(*argv) for what, argv in attempts.items()}
+    for what, answer in answers.items():
+        print(f"{what}: exit {answer.returncode}: {answer.stderr.strip().splitlines()[-1:]}")
+    # cosign exits 10 when it finds no signature at all, 1 when none verifies.
+    refused = {what: a.returncode in (1, 10) for what, a in answers.items()}
+    assert refused == dict.fromkeys(attempts, True), {w: a.returncode for w, a in answers.items()}

@@ -92,7 +92,7 @@ def node_manifest(
 def api(kube: Kube) -> k8s.CoreV1Api:
     """A client as the admin, with a connection per worker (urllib3 keeps 4 by default)."""
     configuration = k8s.Configuration()
-    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+    k8s_config.load_kube_config(
         config_file=str(kube.admin_kubeconfig), client_configuration=configuration
     )
     configuration.connection_pool_maxsize = WORKERS

@@ -48,9 +48,9 @@ def load_client(kubeconfig: Path | None, *, default_kubeconfig: bool = False) ->
     )
     try:
         if in_cluster:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            k8s_config.load_incluster_config(client_configuration=configuration)
         else:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            k8s_config.load_kube_config(
                 config_file=None if kubeconfig is None else str(kubeconfig),
                 client_configuration=configuration,
             )
@@ -189,19 +189,8 @@ class KubeApi:
             self._core.create_namespaced_event, namespace, body, _request_timeout=limit
         )
 
-    async def patch_event(self, namespace: str, name: str, body: Obj, limit: float) -> Obj:
-        """A merge patch: the fields in `body` replace the Event's, no read needed."""
-        return await self._call(
-            self._core.patch_namespaced_event,
-            name,
-            namespace,
-            body,
-            _content_type="application/merge-patch+json",
-            _request_timeout=limit,
-        )
-
     def close(self) -> None:
-        self._client.close()  # type: ignore[no-untyped-call]
+        self._client.close()
 
 
 def _api_message(exc: k8s.ApiException) -> str:

@@ -1,21 +1,24 @@
 """Kubernetes Events, aggregated in memory (pure: no I/O, the clock is passed in).
 
 What happened is recorded as an occurrence under a key (the object, the reason and what the
-caller says makes two occurrences the same, e.g. the node group and the API's text). All
-occurrences of one key are one core/v1 Event: its `count` is how often it happened, its
-`lastTimestamp` and message the latest. A thousand refused placeholders are one Event with
-count 1000, created once and then patched, never a thousand objects.
+caller says makes two occurrences the same, e.g. the node group and the API's text). The
+provider may only create Events, never change one (an account that may patch Events may patch
+every Event of the namespace, and Event names cannot be foreseen), so occurrences of a key are
+counted into new Events: each carries how often it happened since the key's previous Event
+(`count`), from when (`firstTimestamp`) to when (`lastTimestamp`), and the latest message. A
+thousand refused placeholders of one scale-up are one Event with count 1000; the same key gets
+at most one new Event per REPEAT_SECONDS, however often it happens meanwhile.
 
-Writes go through a bounded queue of keys, each at most once in it however often it happens
-meanwhile: a burst costs one write per key. When more keys wait than the queue holds, the
-oldest is dropped (and counted); its tally stays, so its next occurrence writes the total.
-Tallies are kept for the most recently seen keys only: an evicted key's next occurrence
-starts a new Event.
+Writes go through a bounded queue of keys, each at most once in it: a burst costs one write per
+key. When more keys wait than the queue holds, the oldest is dropped (and counted); its
+occurrences stay counted, so its next occurrence writes them too. Tallies are kept for the most
+recently seen keys only: an evicted key's next occurrence starts from scratch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ INSTANCE_LIMIT = 128
 CLUSTER_SCOPED_NAMESPACE = "default"
 QUEUE_LIMIT = 256
 TALLY_LIMIT = 1024
+# A key's Events at most this often: repeats in between are counted into its next Event.
+REPEAT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ Key = tuple[Regarding, str, str]  # (object, reason, what makes occurrences the 
 
 @dataclass
 class Tally:
+    """A key's occurrences not written yet (`count` from `first` to `last`), and when its last
+    Event was written."""
+
     regarding: Regarding
     type: str
     reason: str
@@ -71,8 +79,7 @@ class Tally:
     count: int
     first: float  # Unix time
     last: float
-    # The Event object's name once created; None until then (and after it expired).
-    name: str | None = None
+    written_at: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ class Aggregator:
             tally = self._tallies[key] = Tally(regarding, type_, reason, message, 0, now, now)
         else:
             self._tallies.move_to_end(key)
+        if tally.count == 0:  # the first since its last Event
+            tally.first = now
         tally.count += 1
         tally.last, tally.message, tally.type = now, message, type_
         if key not in self._pending:
@@ -136,20 +145,44 @@ class Aggregator:
     def waiting(self) -> int:
         return len(self._pending)
 
-    def take(self) -> Write | None:
-        """The oldest waiting key's Event as it stands now, or None."""
-        while self._pending:
-            key, _ = self._pending.popitem(last=False)
+    def _due(self, tally: Tally) -> float:
+        return tally.written_at + REPEAT_SECONDS
+
+    def take(self, now: float) -> Write | None:
+        """The oldest waiting key whose next Event is due, with its occurrences (the tally
+        starts counting anew), or None; keys not due yet keep waiting."""
+        for key in list(self._pending):
             tally = self._tallies.get(key)
-            if tally is not None:
-                return Write(key, dataclasses.replace(tally))
+            if tally is None or tally.count == 0:
+                del self._pending[key]
+            elif self._due(tally) <= now:
+                del self._pending[key]
+                write = Write(key, dataclasses.replace(tally))
+                tally.count = 0
+                return write
         return None
 
-    def written(self, write: Write, name: str | None) -> None:
-        """The Event of `write.key` is now object `name` (None: it is gone, create anew)."""
+    def next_due(self, now: float) -> float | None:
+        """Seconds until the next waiting key is due (0: now), None when none waits."""
+        dues = [self._due(t) for key in self._pending if (t := self._tallies.get(key))]
+        return max(0.0, min(dues) - now) if dues else None
+
+    def written(self, write: Write, now: float) -> None:
+        """`write`'s Event was created: the key's next one is due REPEAT_SECONDS from now."""
         tally = self._tallies.get(write.key)
         if tally is not None:
-            tally.name = name
+            tally.written_at = now
+
+    def failed(self, write: Write) -> None:
+        """`write`'s Event was not created: its occurrences count again, into the key's
+        next Event (written at its next occurrence)."""
+        tally = self._tallies.get(write.key)
+        if tally is not None:
+            if tally.count:
+                tally.first = write.event.first
+            else:
+                tally.first, tally.last = write.event.first, write.event.last
+            tally.count += write.event.count
 
 
 def event_name(regarding: Regarding, now_ns: int | None = None) -> str:
@@ -178,14 +211,4 @@ def new_event(event: Tally, name: str, instance: str) -> Obj:
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": instance[:INSTANCE_LIMIT],
-    }
-
-
-def event_update(event: Tally) -> Obj:
-    """The merge patch that brings the existing Event up to `event`."""
-    return {
-        "type": event.type,
-        "message": event.message,
-        "count": event.count,
-        "lastTimestamp": _timestamp(event.last),
     }

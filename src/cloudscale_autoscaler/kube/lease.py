@@ -91,6 +91,7 @@ class Elector:
         self._observed_at = -math.inf
         self._lease: Obj | None = None  # the Lease as last read or written
         self._renewed_at = -math.inf  # when the last successful write was started
+        self._failure: str | None = None  # the last failed attempt's reason, logged once
         self.leading = False
 
     @property
@@ -205,9 +206,12 @@ class Elector:
         try:
             won = await self._try(limit)
         except KubeError as exc:
-            if exc.status != 409:
+            # Each reason once while it lasts: a missing Lease is retried every retryPeriod.
+            if exc.status != 409 and str(exc) != self._failure:
                 log.warning("leader election: Lease %s: %s", self._serving.lease, exc)
+                self._failure = str(exc)
             return False
+        self._failure = None
         if won:
             self._renewed_at = started
         return won
@@ -222,7 +226,19 @@ class Elector:
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": self._spec({}, now),
             }
-            self._observe(await self._api.create_lease(self.namespace, body, limit))
+            try:
+                self._observe(await self._api.create_lease(self.namespace, body, limit))
+            except KubeError as exc:
+                if exc.status != 403:
+                    raise
+                # The chart and the kustomize base create the Lease; the account they bind
+                # may not (docs/deployment.md, "Rights"). Wait for it rather than fail.
+                raise KubeError(
+                    f"does not exist, and this account may not create it ({exc}): waiting for "
+                    "it; the chart and the kustomize base create it (was it deleted, or renamed "
+                    "by an overlay?)",
+                    403,
+                ) from None
             return True
         self._observe(lease)
         spec: dict[str, Any] = lease.get("spec") or {}

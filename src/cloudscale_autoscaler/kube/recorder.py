@@ -2,9 +2,11 @@
 report, aggregated (kube/events.py) and written by one background task.
 
 - Recording never waits: it updates a tally and queues its key in one synchronous stretch on
-  the loop. One task writes what is queued, one Event at a time, each call bounded by
-  WRITE_TIMEOUT_SECONDS, then rests FLUSH_SECONDS before the next round: a slow or refusing
-  API server delays the Events, never an RPC, and a storm costs one write per Event a round.
+  the loop. One task writes what is queued: woken by a record, it first lets FLUSH_SECONDS
+  pass (a burst becomes one Event), then creates one Event per waiting key that is due (a key
+  at most once per REPEAT_SECONDS), one at a time, each call bounded by
+  WRITE_TIMEOUT_SECONDS: a slow or refusing API server delays the Events, never an RPC, and a
+  storm costs one write per key. Events are only ever created (RBAC grants no `patch`).
 - Only the serving replica records (the leader, with leader election): a standby has nothing
   to report, and two replicas must not tell the same story twice. Leadership changes are the
   exception: each replica reports its own, on its own Pod.
@@ -15,6 +17,7 @@ report, aggregated (kube/events.py) and written by one background task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -36,7 +39,6 @@ from cloudscale_autoscaler.kube.events import (
     Regarding,
     Write,
     event_name,
-    event_update,
     new_event,
 )
 from cloudscale_autoscaler.kube.lease import default_identity
@@ -58,8 +60,6 @@ FLUSH_SECONDS = 1.0
 
 class EventApi(Protocol):
     async def create_event(self, namespace: str, body: Obj, limit: float) -> Obj: ...
-
-    async def patch_event(self, namespace: str, name: str, body: Obj, limit: float) -> Obj: ...
 
 
 def own_pod() -> Regarding | None:
@@ -166,46 +166,32 @@ class EventRecorder(Collector):
     # --- writing --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write what is queued, round after round, until cancelled."""
+        """Write what is due, round after round, until cancelled."""
         while True:
-            await self._wake.wait()
+            # A key waiting for its REPEAT_SECONDS wakes the writer too.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._aggregator.next_due(self._clock())):
+                    await self._wake.wait()
             self._wake.clear()
-            while (write := self._aggregator.take()) is not None:
-                await self._write(write)
             await asyncio.sleep(FLUSH_SECONDS)
+            while (write := self._aggregator.take(self._clock())) is not None:
+                await self._write(write)
 
     async def _write(self, write: Write) -> None:
         event = write.event
         namespace = event.regarding.event_namespace
-        name = event.name
+        body = new_event(event, event_name(event.regarding), self._instance)
         try:
-            if name is not None:
-                name = await self._update(namespace, name, write)
-            if name is None:
-                name = event_name(event.regarding)
-                body = new_event(event, name, self._instance)
-                await self._api.create_event(namespace, body, WRITE_TIMEOUT_SECONDS)
+            await self._api.create_event(namespace, body, WRITE_TIMEOUT_SECONDS)
         except KubeError as exc:
+            self._aggregator.failed(write)
             self._failed(write, exc)
             return
-        self._aggregator.written(write, name)
+        self._aggregator.written(write, self._clock())
         self.writes["ok"] += 1
         if self._failing:
             log.info("events: writing Events works again")
             self._failing = False
-
-    async def _update(self, namespace: str, name: str, write: Write) -> str | None:
-        """Patch the existing Event; None when it is gone (the API server keeps Events for
-        an hour by default): then a new one is created."""
-        try:
-            await self._api.patch_event(
-                namespace, name, event_update(write.event), WRITE_TIMEOUT_SECONDS
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return name
 
     def _failed(self, write: Write, error: KubeError) -> None:
         self.writes["error"] += 1

@@ -32,16 +32,38 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{/*
+The provider's account. An existing one (create: false) is named explicitly and is never the
+namespace's `default`: the rights bound to it would go to every Pod without an account of its
+own (values.schema.json refuses `default` too; this also catches an empty name).
+*/}}
 {{- define "cloudscale-autoscaler.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "cloudscale-autoscaler.fullname" .) .Values.serviceAccount.name -}}
+{{- else if or (not .Values.serviceAccount.name) (eq .Values.serviceAccount.name "default") -}}
+{{- fail "serviceAccount.name: with serviceAccount.create false, name the existing account the provider runs as (not the namespace's default account, whose rights every Pod without an account of its own would get)" -}}
 {{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
+{{/* repository:tag, or repository@digest when a digest is given (what a signature covers). */}}
 {{- define "cloudscale-autoscaler.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The config settings a running provider cannot reload (src/cloudscale_autoscaler/reload/fixed.py:
+everything but RELOADABLE's keys), as a checksum for the Pod template: with reloadConfig, a
+change of one of them rolls the Pods, while a change of the rest is reloaded in place.
+*/}}
+{{- define "cloudscale-autoscaler.restartChecksum" -}}
+{{- $config := fromYaml (include "cloudscale-autoscaler.config" .) -}}
+{{- omit $config "nodeGroups" "pricing" "placeholderExpiry" "increaseSizeWait" | toYaml | sha256sum -}}
 {{- end -}}
 
 {{- define "cloudscale-autoscaler.tlsSecretName" -}}
@@ -207,20 +229,49 @@ writes them into the config whenever it has a `kubernetes` section). */}}
 
 {{/*
 What the provider's account may change in its EndpointSlice: the endpoints, never the labels,
-the owners or the ports; at most one endpoint, a Pod of the slice's namespace. The same rules
-are in deploy/kustomize/base/leader-route.yaml.
+annotations, finalizers, owners or ports; at most one endpoint, one address of a Pod of the
+slice's namespace, nothing but its address, ready condition and target. A token bound to a Pod
+(every Pod's own, projected token) lists only that Pod, by name and uid; with podCIDRs, the
+address is one of them. The same rules, without podCIDRs, are in
+deploy/kustomize/base/leader-route.yaml.
 */}}
 {{- define "cloudscale-autoscaler.routeValidations" -}}
 - expression: object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({})
   message: the provider may not change its EndpointSlice's labels (they name its Service)
+- expression: >-
+    object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({}) &&
+    object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])
+  message: the provider may not change its EndpointSlice's annotations or finalizers
 - expression: >-
     object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
   message: the provider may not change its EndpointSlice's owners
 - expression: object.?ports.orValue([]) == oldObject.?ports.orValue([])
   message: the provider may not change its EndpointSlice's ports
 - expression: >-
-    size(object.?endpoints.orValue([])) <= 1 &&
-    object.?endpoints.orValue([]).all(e, has(e.targetRef) && e.targetRef.kind == "Pod" &&
-    e.targetRef.?namespace.orValue("") == object.metadata.namespace)
-  message: the provider's EndpointSlice lists at most one endpoint, a Pod of its own namespace
+    size(variables.endpoints) <= 1 &&
+    variables.endpoints.all(e, size(e.addresses) == 1 && has(e.targetRef) &&
+    e.targetRef.kind == "Pod" && e.targetRef.?namespace.orValue("") == object.metadata.namespace &&
+    !has(e.hostname) && !has(e.nodeName) && !has(e.zone) && !has(e.hints) &&
+    !has(e.deprecatedTopology))
+  message: the provider's EndpointSlice lists at most one endpoint, one address of a Pod of its own namespace
+- expression: >-
+    !("authentication.kubernetes.io/pod-name" in variables.extra) ||
+    variables.endpoints.all(e,
+    e.targetRef.name == variables.extra["authentication.kubernetes.io/pod-name"][0] &&
+    e.targetRef.?uid.orValue("") == variables.extra[?"authentication.kubernetes.io/pod-uid"].orValue([""])[0])
+  message: a replica may list only its own Pod (the one its token is bound to)
+{{- with .Values.kubernetes.leaderElection.podCIDRs }}
+- expression: >-
+    variables.endpoints.all(e, e.addresses.all(a,
+    {{ toJson . }}.exists(c, cidr(c).containsIP(a))))
+  message: the provider's endpoint is an address of the Pod network ({{ join ", " . }})
+{{- end }}
+{{- end -}}
+
+{{/* The policy's variables: the endpoints written and the writer's token's extra fields. */}}
+{{- define "cloudscale-autoscaler.routeVariables" -}}
+- name: endpoints
+  expression: object.?endpoints.orValue([])
+- name: extra
+  expression: request.userInfo.?extra.orValue({})
 {{- end -}}

@@ -2,8 +2,9 @@
 #
 # cloudscale-autoscaler image: the Cluster Autoscaler externalgrpc provider for cloudscale.ch.
 #   docker build -t cloudscale-autoscaler:0.1.0 .
-# Runs as UID/GID 10001 with nothing to write outside /tmp, so it works under
-# runAsNonRoot + readOnlyRootFilesystem (deploy/kustomize, deploy/helm).
+# Runs as UID/GID 10001 with nothing to write outside /tmp and the creation journal's
+# directory, so it works under runAsNonRoot + readOnlyRootFilesystem (deploy/kustomize,
+# deploy/helm).
 
 # Debian 12 (bookworm), pinned: the builder's Rust comes from bookworm-security's rustc-web
 # (1.88 or newer, as rust/Cargo.toml's rust-version asks), which later Debian releases do not
@@ -67,7 +68,8 @@ RUN python -c 'import importlib, pkgutil, cloudscale_autoscaler as p; \
 RUN groupadd --system --gid 10001 cloudscale-autoscaler \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin cloudscale-autoscaler \
-    && mkdir -p /etc/cloudscale-autoscaler
+    && mkdir -p /etc/cloudscale-autoscaler \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/cloudscale-autoscaler
 # What the server never runs, removed as packages (dpkg's record stays true, which the SBOM
 # reads): the package manager's front end, its keys and the libraries only it links (gnutls,
 # gcrypt, systemd's), perl (mailcap's), bash (sh is dash), the login, mount and archive tools,
@@ -93,10 +95,14 @@ RUN for package in apt libapt-pkg6.0 gpgv debian-archive-keyring libgnutls30 lib
 # removed files would still be in the base's layers).
 FROM scratch
 COPY --from=runtime / /
+# STATE_DIRECTORY: where the creation journal lives without stateDir and without a Kubernetes
+# namespace (docs/deployment.md): writable by UID 10001; with a read-only root filesystem,
+# mount a volume there (the chart's emptyDir, or a persistent one).
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    STATE_DIRECTORY=/var/lib/cloudscale-autoscaler
 USER 10001:10001
 # 8086: gRPC (mTLS) for Cluster Autoscaler; 8080: /metrics, /healthz, /readyz.
 EXPOSE 8086 8080

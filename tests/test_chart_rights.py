@@ -141,12 +141,12 @@ def token_of(kube: Kube, namespace: str, account: str, path: Path) -> Path:
 
 def expected_rights(case: Case, where: str) -> set[Right]:
     """docs/deployment.md's rows for `where` with the release's names; without leader election
-    the first three rows, without the kubernetes section none."""
+    those of the Nodes, the Events and the journal, without the kubernetes section none."""
     if not case.kubernetes:
         return set()
     rows = documented().get(where, set())
     if not case.elects:
-        rows = {row for row in rows if row[1] in ("nodes", "events")}
+        rows = {row for row in rows if row[1] in ("nodes", "events", "configmaps")}
     return {(group, resource, name.replace(KUSTOMIZE_NAME, case.fullname), verb)
             for group, resource, name, verb in rows}  # fmt: skip
 

@@ -143,11 +143,15 @@ async def serve(tmp_path: Path, pki: PKI, emulator: RunningEmulator) -> AsyncIte
         await process.kill()
 
 
-async def increase(process: ServeProcess, pki: PKI, delta: int) -> None:
+async def increase(process: ServeProcess, pki: PKI, delta: int, deadline: float = 30) -> None:
     async with grpc_channel(pki, process.address) as channel:
         stub = pb_grpc.CloudProviderStub(channel)
         request = pb.NodeGroupIncreaseSizeRequest(id="workers", delta=delta)
-        await stub.NodeGroupIncreaseSize(request, timeout=30)
+        await stub.NodeGroupIncreaseSize(request, timeout=deadline)
+
+
+# CA's default per-RPC timeout (cloud-config grpc_timeout).
+CA_DEADLINE = 5.0
 
 
 async def metric(process: ServeProcess, name: str, labels: str = "") -> float:
@@ -319,29 +323,33 @@ async def test_only_the_serving_replica_records_what_the_engine_reports(
 # --- an API server that refuses or hangs never holds up an RPC -------------------------------
 
 
-async def test_an_api_server_refusing_the_events_leaves_the_rpcs_alone_and_logs_once(
-    serve: Serve, pod: Regarding, kube: Kube, pki: PKI, emulator: RunningEmulator
+async def test_an_api_server_refusing_everything_is_a_clear_answer_and_one_log_line(
+    serve: Serve, pod: Regarding, kube: Kube, pki: PKI, tmp_path: Path
 ) -> None:
-    # An authenticated user without any RBAC binding: every write is 403 Forbidden.
+    """An authenticated user without any RBAC binding: every write is 403 Forbidden. The
+    creation journal is the namespace's ConfigMap, so IncreaseSize says it cannot read it (no
+    create unrecorded); the Event writes refused are logged once."""
     provider = await serve(kube.nobody_kubeconfig, env_of(pod))
-    await emulator.admin.set_faults({"quota": {"max_servers": 0}})
-    await increase(provider, pki, 10)
+    with pytest.raises(grpc.aio.AioRpcError) as refused_journal:
+        await increase(provider, pki, 10)
+    assert refused_journal.value.code() == grpc.StatusCode.UNAVAILABLE
+    details = refused_journal.value.details() or ""
+    assert "cannot claim the creation journal" in details and "403" in details, details
     error = '{result="error"}'
+    for attempt in range(2):  # two refused reloads, two Events written in vain
+        config = tmp_path / "serve-0" / "config.yaml"
+        max_size = -1 - attempt
+        rewrite(config, lambda doc, size=max_size: doc["nodeGroups"][0].update(maxSize=size))
 
-    async def refused() -> bool:
-        return await metric(provider, "cloudscale_autoscaler_kube_event_writes_total", error) > 0
+        async def refused(count: int = attempt + 1) -> bool:
+            writes = "cloudscale_autoscaler_kube_event_writes_total"
+            return await metric(provider, writes, error) >= count
 
-    await wait_until(refused, WAIT_SECONDS, "no Event write was refused")
-    await increase(provider, pki, 10)  # still answered; its Event is refused again
-
-    async def refused_twice() -> bool:
-        return await metric(provider, "cloudscale_autoscaler_kube_event_writes_total", error) > 1
-
-    await wait_until(refused_twice, WAIT_SECONDS, "the second Event write never happened")
+        await wait_until(refused, WAIT_SECONDS, "no Event write was refused")
     warnings = [line for line in provider.output.splitlines() if "events: writing Event" in line]
     assert len(warnings) == 1, warnings
-    assert "CreationRefused about Pod" in warnings[0] and "403" in warnings[0], warnings
-    assert await events_about(kube, pod, "CreationRefused") == []
+    assert "ConfigReloadRefused about Pod" in warnings[0] and "403" in warnings[0], warnings
+    assert await events_about(kube, pod, "ConfigReloadRefused") == []
 
 
 class BlackHole:
@@ -384,17 +392,22 @@ async def test_an_api_server_that_never_answers_does_not_hold_up_increase_size(
     kubeconfig.write_text(yaml.safe_dump(document))
     try:
         provider = await serve(kubeconfig, env_of(pod))
-        await emulator.admin.set_faults({"quota": {"max_servers": 0}})
-        await increase(provider, pki, 10)
+        rewrite(tmp_path / "serve-0" / "config.yaml",
+                lambda doc: doc["nodeGroups"][0].update(maxSize=-1))  # fmt: skip
 
         async def held() -> bool:
             return hole.open > 0 and any("/events" in r for r in hole.requests)
 
         await wait_until(held, WAIT_SECONDS, f"no Event write reached the API: {hole.requests}")
-        # The write hangs; IncreaseSize answers anyway, and before the write gives up.
-        await increase(provider, pki, 10)
+        # The write hangs; IncreaseSize answers within CA's deadline anyway: UNAVAILABLE, as
+        # the journal's ConfigMap is behind the same hole (no create goes out unrecorded).
+        with pytest.raises(grpc.aio.AioRpcError) as answered:
+            await increase(provider, pki, 10, deadline=CA_DEADLINE)
+        assert answered.value.code() == grpc.StatusCode.UNAVAILABLE, answered.value
         assert hole.open > 0, "the Event write was no longer held when IncreaseSize answered"
-        assert hole.requests[0].startswith(f"POST /api/v1/namespaces/{NAMESPACE}/events ")
+        assert any(
+            r.startswith(f"POST /api/v1/namespaces/{NAMESPACE}/events ") for r in hole.requests
+        )
     finally:
         hole.close()
 
@@ -427,8 +440,9 @@ async def test_a_refused_reload_and_a_removed_group_are_events_on_the_replicas_p
         removed = await one_event(kube, pod, "NodeGroupRemoved")
         assert removed.type == "Warning"
         assert removed.message == (
-            "node group workers is no longer configured: 0 server(s) of it are kept and no "
-            "longer served (a reload never deletes a server)"
+            "node group workers is no longer configured: 0 server(s), 0 create(s) sent before "
+            "the reload and 0 managed server group(s) of it are kept and no longer served (a "
+            "reload never deletes a server)"
         )
     finally:
         await process.kill()

@@ -96,7 +96,7 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- define "cloudscale-autoscaler.config" -}}
 {{- include "cloudscale-autoscaler.checkNodeGroups" . -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" "stateDir" "kubernetes.leaderElection (a ConfigMap with it, an emptyDir without)" -}}
+{{- range $key, $from := dict "listen" "ports.grpc" "tls" "tls and certManager" "metrics" "ports.metrics" "kubernetes" "kubernetes" "stateDir" "kubernetes (a ConfigMap with it, an emptyDir without)" -}}
 {{- if hasKey $cfg $key -}}
 {{- fail (printf "config.%s is set by the chart (from %s); remove it from config" $key $from) -}}
 {{- end -}}
@@ -118,14 +118,14 @@ files, token file), which the chart owns so they always match the mounts and por
 {{- with .Values.kubernetes -}}
 {{- if .enabled -}}
 {{- $election := dict "enabled" .leaderElection.enabled "leaseName" (include "cloudscale-autoscaler.fullname" $) "namespace" $.Release.Namespace "leaseDuration" .leaderElection.leaseDuration "renewDeadline" .leaderElection.renewDeadline "retryPeriod" .leaderElection.retryPeriod -}}
+{{- $_ = set $election "journalConfigMap" (include "cloudscale-autoscaler.journal" $) -}}
 {{- if .leaderElection.enabled -}}
 {{- $_ = set $election "endpointSlice" (include "cloudscale-autoscaler.endpointSlice" $) -}}
-{{- $_ = set $election "journalConfigMap" (include "cloudscale-autoscaler.journal" $) -}}
 {{- end -}}
 {{- $_ = set $cfg "kubernetes" (dict "driftInterval" .driftInterval "driftTolerance" .driftTolerance "leaderElection" $election) -}}
 {{- end -}}
 {{- end -}}
-{{- if not (include "cloudscale-autoscaler.elects" .) -}}
+{{- if not .Values.kubernetes.enabled -}}
 {{- $_ = set $cfg "stateDir" (include "cloudscale-autoscaler.stateDir" .) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
@@ -224,7 +224,7 @@ writes them into the config whenever it has a `kubernetes` section). */}}
 {{- printf "%s-journal" (include "cloudscale-autoscaler.fullname" .) -}}
 {{- end -}}
 
-{{/* Where the creation journal's file lives without leader election (an emptyDir). */}}
+{{/* Where the creation journal's file lives without the kubernetes values (an emptyDir). */}}
 {{- define "cloudscale-autoscaler.stateDir" -}}/var/lib/cloudscale-autoscaler{{- end -}}
 
 {{/*

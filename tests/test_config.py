@@ -327,6 +327,11 @@ ROWS: list[tuple[str, Mutation, list[str]]] = [
         ['cloudscale.timeoutSeconds: expected a number, got string "30"'],
     ),
     (
+        "flavor cache negative",
+        put("cloudscale", "flavorCacheSeconds", value=-1),
+        ["cloudscale.flavorCacheSeconds: must be >= 0, got -1"],
+    ),
+    (
         "concurrent creates",
         put("cloudscale", "maxConcurrentCreates", value=0),
         ["cloudscale.maxConcurrentCreates: must be >= 1, got 0"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import struct
 import threading
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 
 import grpc
 import hpack
+import httpx
 import pytest
 from campaign.serve import ServeProcess, start_serve, write_config
 from fixtures.emulator import TOKEN
@@ -42,6 +44,7 @@ from fixtures.tools import cli, free_port
 
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.transport.limits import (
     IDLE_TIMEOUT_SECONDS,
     KEEPALIVE_TIMEOUT_SECONDS,
@@ -83,17 +86,11 @@ BRISK_CALLS = 50
 # How long the server an IncreaseSize started may take to be listed running (the emulator
 # boots at once; this only turns a hang into a failure).
 RUNNING_LIMIT_SECONDS = 30.0
-# TemplateNodeInfo as the transport cannot answer it: CA's request (`id`) plus a field 15 this
-# proto does not have (an empty string), as a newer CA's request could carry. The transport
-# answers only a request made of `id` alone (rust/src/wire.rs, group_id) and forwards this one
-# to Python every time; Python parses it as CA's request (the unknown field is set aside).
-# CA's own request never reaches Python here: Refresh builds every group's template, also after
-# the flavor list changed (engine/catalog.py), and publishes them to the transport before it
-# answers (service/hot.py); besides, `serve` reads the flavor list again only after 5 minutes
-# (cloud/client.py), and the emulator's cannot be changed.
-FORWARDED_TEMPLATE_REQUEST = (
-    pb.NodeGroupTemplateNodeInfoRequest(id=OWN_GROUP).SerializeToString() + b"\x7a\x00"
-)
+# The legitimate group's flavor, which the emulator's catalogue changes before each
+# TemplateNodeInfo (its memory alternates between these): the Refresh before it reads the flavor
+# list again (flavorCacheSeconds 0) and builds the template again, in Python, under the flood.
+FLAVOR = "flex-4-2"
+FLAVOR_MEMORY_GB = (6, 4)
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -161,11 +158,12 @@ class Client:
     ca: bytes
     cert: bytes
     key: bytes
+    emulator: str  # the emulator's admin API, to change the flavor
 
     @classmethod
-    def of(cls, address: str, pki: PKI) -> Client:
+    def of(cls, address: str, pki: PKI, emulator: str) -> Client:
         cert, key = pki.default_client()
-        return cls(address, pki.ca_cert.read_bytes(), cert, key)
+        return cls(address, pki.ca_cert.read_bytes(), cert, key, emulator)
 
 
 @dataclass(frozen=True)
@@ -181,10 +179,12 @@ class Legitimate:
     """CA's stand-in on its own connection: NodeGroups every 0.2 s and, alongside, one after
     another, the calls Python answers: IncreaseSize +1 on its own group, Refresh and
     NodeGroupNodes until that server runs, DeleteNodes of it (so the group never fills up),
-    TemplateNodeInfo (FORWARDED_TEMPLATE_REQUEST). Runs in a process of its own (see
-    under_flood), with gRPC's blocking API, a thread for each of the two."""
+    TemplateNodeInfo after a change of its flavor (FLAVOR) in the emulator and a Refresh. Runs
+    in a process of its own (see under_flood), with gRPC's blocking API, a thread for each of
+    the two."""
 
     def __init__(self, client: Client, signals: Signals) -> None:
+        self._emulator = client.emulator
         credentials = grpc.ssl_channel_credentials(client.ca, client.key, client.cert)
         self._channel = grpc.secure_channel(client.address, credentials)
         self._stub = pb_grpc.CloudProviderStub(self._channel)  # type: ignore[no-untyped-call]
@@ -220,19 +220,22 @@ class Legitimate:
 
     def _python_path(self) -> None:
         stub = self._stub
-        template = self._channel.unary_unary(  # bytes in and out
-            f"{SERVICE}/NodeGroupTemplateNodeInfo",
-            request_serializer=None,
-            response_deserializer=None,
-        )
         increase = pb.NodeGroupIncreaseSizeRequest(id=OWN_GROUP, delta=1)
+        template = pb.NodeGroupTemplateNodeInfoRequest(id=OWN_GROUP)  # CA's own request
+        memory = itertools.cycle(FLAVOR_MEMORY_GB)
         while not self._signals.stop.is_set():
             self._python("NodeGroupIncreaseSize", stub.NodeGroupIncreaseSize, increase)
             node = pb.ExternalGrpcNode(providerID=self._running_server())
             delete = pb.NodeGroupDeleteNodesRequest(id=OWN_GROUP, nodes=[node])
             self._python("NodeGroupDeleteNodes", stub.NodeGroupDeleteNodes, delete)
-            answer = self._python("NodeGroupTemplateNodeInfo", template, FORWARDED_TEMPLATE_REQUEST)
-            assert pb.NodeGroupTemplateNodeInfoResponse.FromString(answer).nodeBytes
+            gb = next(memory)
+            changed = httpx.put(f"{self._emulator}/flavors/{FLAVOR}", json={"memory_gb": gb})
+            changed.raise_for_status()
+            self._python("Refresh", stub.Refresh, pb.RefreshRequest())
+            answer = self._python("NodeGroupTemplateNodeInfo", stub.NodeGroupTemplateNodeInfo,
+                                  template)  # fmt: skip
+            capacity = core_v1_pb2.Node.FromString(answer.nodeBytes).status.capacity["memory"]
+            assert capacity.string == f"{gb}Gi", f"template after the change to {gb} GB: {capacity}"
             self._signals.ready.set()
 
     def _running_server(self) -> str:
@@ -301,7 +304,9 @@ async def back_to_idle(pid: int, idle_kib: int) -> int:
     return rss
 
 
-async def under_flood(serve: ServeProcess, pki: PKI, flood: Awaitable[None]) -> Outcome:
+async def under_flood(
+    serve: ServeProcess, pki: PKI, flood: Awaitable[None], emulator: str
+) -> Outcome:
     """Runs `flood` against `serve` with a legitimate client calling throughout; the
     process's memory before, at its peak during, and after it."""
     pid = serve.process.pid
@@ -312,7 +317,7 @@ async def under_flood(serve: ServeProcess, pki: PKI, flood: Awaitable[None]) -> 
     spawn = multiprocessing.get_context("spawn")
     signals = Signals(stop=spawn.Event(), ready=spawn.Event(), flooding=spawn.Event())
     results, sending = spawn.Pipe(duplex=False)
-    client = Client.of(serve.address, pki)
+    client = Client.of(serve.address, pki, emulator)
     legitimate = spawn.Process(target=call_legitimately, args=(client, signals, sending))
     legitimate.start()
     sending.close()  # its end is the child's: recv fails if the child dies without answering
@@ -354,13 +359,16 @@ def assert_bounded(outcome: Outcome) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_process(tmp_path: Path, pki: PKI, **top: Any) -> AsyncIterator[ServeProcess]:
-    """`serve` with the floods' config, and the API emulator it calls."""
+async def serve_process(
+    tmp_path: Path, pki: PKI, **top: Any
+) -> AsyncIterator[tuple[ServeProcess, str]]:
+    """`serve` with the floods' config, and the admin API of the emulator it calls."""
     async with emulator_process(tmp_path) as api_url:
-        config = write_config(tmp_path, pki, api_url, TOKEN, cluster="flood", groups=GROUPS, **top)
+        config = write_config(tmp_path, pki, api_url, TOKEN, cluster="flood", groups=GROUPS,
+                              cloudscale={"flavorCacheSeconds": 0}, **top)  # fmt: skip
         serve = await start_serve(config, log_level="info")
         try:
-            yield serve
+            yield serve, api_url.removesuffix("/v1") + "/_emulator"
         finally:
             await serve.kill()
 
@@ -436,10 +444,10 @@ async def test_concurrent_16_mib_delete_nodes_stay_under_the_memory_limit(
                 assert isinstance(result, grpc.aio.AioRpcError), result
                 codes.append(result.code())
 
-    async with serve_process(tmp_path, pki) as serve:
+    async with serve_process(tmp_path, pki) as (serve, emulator):
         options = [("grpc.max_send_message_length", 32 * MIB)]
         async with grpc_channel(pki, serve.address, options=options) as channel:
-            outcome = await under_flood(serve, pki, flood(channel))
+            outcome = await under_flood(serve, pki, flood(channel), emulator)
     print(f"40 x 15.9 MiB DeleteNodes, 3 rounds: {outcome}")
     assert_bounded(outcome)
     # Admitted calls reach the provider (none of these nodes is one of its servers); the
@@ -524,8 +532,8 @@ async def test_bodiless_streams_stay_under_the_memory_limit(tmp_path: Path, pki:
             opened.writer.close()
             opened.draining.cancel()
 
-    async with serve_process(tmp_path, pki) as serve:
-        outcome = await under_flood(serve, pki, flood())
+    async with serve_process(tmp_path, pki) as (serve, emulator):
+        outcome = await under_flood(serve, pki, flood(), emulator)
     print(f"5 connections x 20,000 bodiless streams: {outcome}; (streams sent, closed) {sent}")
     assert_bounded(outcome)
 
@@ -559,8 +567,8 @@ async def test_refused_clients_idle_connections_are_closed(tmp_path: Path, pki: 
 
     async with serve_process(
         tmp_path, pki, tls={**_tls(pki), "allowedClients": ["cluster-autoscaler"]}
-    ) as serve:
-        outcome = await under_flood(serve, pki, flood())
+    ) as (serve, emulator):
+        outcome = await under_flood(serve, pki, flood(), emulator)
     after = f"{min(closed, default=0):.0f}-{max(closed, default=0):.0f} s"
     print(f"300 idle refused-client connections: {outcome}; {len(closed)} closed after {after}")
     assert len(closed) == 300, f"{300 - len(closed)} connections still open after {limit} s"

@@ -272,6 +272,7 @@ class CloudscaleClient:
             timeout_seconds=config.timeout_seconds,
             max_concurrent_mutations=config.max_concurrent_creates,
             requests_per_second=config.requests_per_second,
+            flavor_ttl_seconds=config.flavor_cache_seconds,
             on_request=on_request,
         )
 

@@ -73,6 +73,7 @@ CLOUDSCALE_KEYS = (
     "timeoutSeconds",
     "maxConcurrentCreates",
     "requestsPerSecond",
+    "flavorCacheSeconds",
 )
 METRICS_KEYS = ("listen",)
 DEFAULT_PLACEHOLDER_EXPIRY = "15m"
@@ -301,12 +302,17 @@ def _positive(value: float) -> str | None:
     return None if value > 0 else f"must be > 0, got {value:g}"
 
 
+def _not_negative(value: float) -> str | None:
+    return None if value >= 0 else f"must be >= 0, got {value:g}"
+
+
 def _cloudscale(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> CloudscaleConfig:
     url = fields.string("url") or DEFAULT_API_URL
     fields.issues.check(fields.at("url"), http_url_error(url))
     token, token_file = _token(fields, base_dir, env)
     timeout = fields.number("timeoutSeconds", _positive)
     creates = fields.integer("maxConcurrentCreates", minimum=1)
+    flavors = fields.number("flavorCacheSeconds", _not_negative)
     return CloudscaleConfig(
         url=url.rstrip("/"),
         token=token,
@@ -316,6 +322,7 @@ def _cloudscale(fields: Fields, base_dir: Path, env: Mapping[str, str]) -> Cloud
         if creates is None
         else creates,
         requests_per_second=fields.number("requestsPerSecond", _positive),
+        flavor_cache_seconds=CloudscaleConfig.flavor_cache_seconds if flavors is None else flavors,
     )
 
 

@@ -225,6 +225,7 @@ def _cloudscale() -> Schema:
             "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0},
             "maxConcurrentCreates": {"type": "integer", "minimum": 1},
             "requestsPerSecond": {"type": "number", "exclusiveMinimum": 0},
+            "flavorCacheSeconds": {"type": "number", "minimum": 0},
         },
     )
 

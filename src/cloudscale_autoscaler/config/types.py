@@ -50,6 +50,8 @@ class CloudscaleConfig:
     max_concurrent_creates: int = 10
     # Client-side rate limit over all API requests; None = unlimited.
     requests_per_second: float | None = None
+    # How long the flavor list is reused before a Refresh reads it again.
+    flavor_cache_seconds: float = 300.0
 
 
 @dataclass(frozen=True)

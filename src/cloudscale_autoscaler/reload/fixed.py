@@ -32,6 +32,7 @@ def _fixed(config: Config) -> dict[str, Any]:
         "cloudscale.timeoutSeconds": cloud.timeout_seconds,
         "cloudscale.maxConcurrentCreates": cloud.max_concurrent_creates,
         "cloudscale.requestsPerSecond": cloud.requests_per_second,
+        "cloudscale.flavorCacheSeconds": cloud.flavor_cache_seconds,
         "metrics.listen": config.metrics.listen,
         "gpuLabel": config.gpu_label,
         "kubernetes": config.kubernetes,

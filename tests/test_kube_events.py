@@ -446,3 +446,41 @@ async def test_a_refused_reload_and_a_removed_group_are_events_on_the_replicas_p
         )
     finally:
         await process.kill()
+
+
+# --- the metrics, as documented ----------------------------------------------------------------
+
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+def documented_metrics() -> set[str]:
+    """The names in docs/operations.md's metrics table (`a_{x,y}` spelled out)."""
+    names: set[str] = set()
+    for cell in re.findall(r"^\| `(cloudscale_autoscaler_[^`]+)` \|", OPERATIONS.read_text(),
+                           re.MULTILINE):  # fmt: skip
+        if match := re.fullmatch(r"(.*)\{([^}]+)\}(.*)", cell):
+            names |= {match[1] + part + match[3] for part in match[2].split(",")}
+        else:
+            names.add(cell)
+    return names
+
+
+async def test_every_metric_exported_is_documented_and_every_documented_one_exported(
+    serve: Serve, pod: Regarding, kube: Kube, pki: PKI, tmp_path: Path
+) -> None:
+    """A replica with every part that exports metrics (the Kubernetes side, drift checks,
+    Events, reloads), scraped once it served calls of each kind."""
+    provider = await serve(kube.provider_kubeconfig, env_of(pod))
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await increase(provider, pki, 1)
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{provider.metrics_port}/metrics")).text
+    exported = set()
+    for name, kind in re.findall(r"^# TYPE (cloudscale_autoscaler_\S+) (\S+)$", text, re.MULTILINE):
+        if name.endswith("_created"):  # prometheus_client's creation time of a counter
+            continue
+        counter = kind == "counter" and not name.endswith("_total")
+        exported.add(name + "_total" if counter else name)
+    documented = documented_metrics()
+    assert exported - documented == set(), "exported, not in docs/operations.md"
+    assert documented - exported == set(), "documented, not exported"

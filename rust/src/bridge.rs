@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::oneshot;
@@ -13,7 +14,7 @@ use tokio::sync::oneshot;
 use crate::answer::{frame, status, Answer, INTERNAL, UNAVAILABLE};
 
 /// The Python side's callables (see transport/server.py).
-pub struct Bridge {
+pub struct Hooks {
     pub event_loop: PyObject,
     /// dispatch(method index, request bytes, timeout seconds or None, request id, reply)
     pub dispatch: PyObject,
@@ -25,13 +26,21 @@ pub struct Bridge {
     pub admit: Option<PyObject>,
     /// tls_check(): reloads changed TLS files (and calls set_tls); None without TLS.
     pub tls_check: Option<PyObject>,
-    /// How often tls_check is worth calling (Python's reload interval).
-    pub tls_pace: Pace,
     /// tls_refused(peer address, reason): a TLS handshake that failed (Python rate-limits
     /// the log lines); None without TLS.
     pub tls_refused: Option<PyObject>,
+}
+
+pub struct Bridge {
+    /// None once the server has stopped (`release`). These are bound methods of the objects
+    /// that hold the server, and Python's garbage collector sees no reference a compiled
+    /// object keeps: held for good, they kept each stopped server and the whole provider
+    /// behind it alive (every start and stop in one process added one).
+    hooks: ArcSwapOption<Hooks>,
+    /// How often tls_check is worth calling (Python's reload interval).
+    tls_pace: Pace,
     /// Forwarded calls given up on (deadline, cancelled) that Python is still running.
-    pub abandoned: Arc<AtomicUsize>,
+    abandoned: Arc<AtomicUsize>,
 }
 
 /// At most one "due" per interval, the first one interval after the start (Python has just
@@ -132,6 +141,21 @@ impl Reply {
 }
 
 impl Bridge {
+    pub fn new(hooks: Hooks, tls_pace: Pace) -> Bridge {
+        Bridge {
+            hooks: ArcSwapOption::from_pointee(hooks),
+            tls_pace,
+            abandoned: Default::default(),
+        }
+    }
+
+    /// Drops the references to Python's callables, at once (the GIL is held). Only once the
+    /// server has stopped and its tasks are gone: what would call Python from then on is told
+    /// the server is shutting down.
+    pub fn release(&self, _py: Python<'_>) {
+        self.hooks.store(None);
+    }
+
     /// Hands the call to Python's loop and waits for its answer.
     pub async fn forward(
         &self,
@@ -146,26 +170,30 @@ impl Bridge {
             state: AtomicU8::new(RUNNING),
             abandoned: self.abandoned.clone(),
         });
-        let handed = Python::with_gil(|py| -> PyResult<()> {
+        let handed = Python::with_gil(|py| -> PyResult<bool> {
+            let Some(hooks) = self.hooks.load_full() else {
+                return Ok(false);
+            };
             let reply = Reply {
                 sender: Mutex::new(Some(sender)),
                 outcome: outcome.clone(),
             };
             let reply = Py::new(py, reply)?;
             let args = (
-                self.dispatch.clone_ref(py),
+                hooks.dispatch.clone_ref(py),
                 method,
                 PyBytes::new(py, &message),
                 timeout.map(|t| t.as_secs_f64()),
                 id,
                 reply,
             );
-            self.event_loop
+            hooks
+                .event_loop
                 .call_method1(py, "call_soon_threadsafe", args)
-                .map(|_| ())
+                .map(|_| true)
         });
         drop(message); // Python has its copy: a large request is not held twice
-        if handed.is_err() {
+        if !matches!(handed, Ok(true)) {
             return status(UNAVAILABLE, "the server is shutting down");
         }
         let mut pending = Pending {
@@ -188,8 +216,11 @@ impl Bridge {
 
     pub fn log_rpc(&self, id: &str, method: usize, code: u8, took: Duration) {
         Python::with_gil(|py| {
+            let Some(hooks) = self.hooks.load_full() else {
+                return;
+            };
             let args = (id, method, code, took.as_secs_f64());
-            if let Err(error) = self.log_rpc.call1(py, args) {
+            if let Err(error) = hooks.log_rpc.call1(py, args) {
                 error.write_unraisable(py, None);
             }
         });
@@ -197,7 +228,11 @@ impl Bridge {
 
     /// None when the client named so may call CloudProvider, else the denial.
     pub fn admit(&self, names: (Vec<String>, Vec<String>)) -> Option<String> {
-        let admit = self.admit.as_ref()?;
+        let hooks = self.hooks.load_full();
+        let Some(hooks) = hooks else {
+            return Some("the server is shutting down".to_string());
+        };
+        let admit = hooks.admit.as_ref()?;
         Python::with_gil(|py| match admit.call1(py, names) {
             Ok(decision) => decision.extract::<Option<String>>(py).unwrap_or(None),
             Err(error) => {
@@ -208,7 +243,8 @@ impl Bridge {
     }
 
     pub fn tls_refused(&self, peer: std::net::SocketAddr, reason: String) {
-        if let Some(refused) = &self.tls_refused {
+        let hooks = self.hooks.load_full();
+        if let Some(refused) = hooks.as_ref().and_then(|h| h.tls_refused.as_ref()) {
             Python::with_gil(|py| {
                 if let Err(error) = refused.call1(py, (peer.to_string(), reason)) {
                     error.write_unraisable(py, None);
@@ -218,7 +254,9 @@ impl Bridge {
     }
 
     pub fn tls_check(&self) {
-        if let Some(check) = self.tls_check.as_ref().filter(|_| self.tls_pace.due()) {
+        let hooks = self.hooks.load_full();
+        let check = hooks.as_ref().and_then(|h| h.tls_check.as_ref());
+        if let Some(check) = check.filter(|_| self.tls_pace.due()) {
             Python::with_gil(|py| {
                 if let Err(error) = check.call0(py) {
                     error.write_unraisable(py, None);
@@ -246,10 +284,12 @@ impl Drop for Pending<'_> {
             outcome.abandon();
         }
         Python::with_gil(|py| {
-            let args = (self.bridge.cancel.clone_ref(py), self.id);
+            let Some(hooks) = self.bridge.hooks.load_full() else {
+                return; // released: the server has stopped, and Python cancelled the rest
+            };
+            let args = (hooks.cancel.clone_ref(py), self.id);
             // Fails only when the loop is closed: then nothing runs that could be cancelled.
-            let _ = self
-                .bridge
+            let _ = hooks
                 .event_loop
                 .call_method1(py, "call_soon_threadsafe", args);
         });

@@ -121,22 +121,27 @@ pub struct ConnectionLimits {
 pub struct Setup {
     pub core: Arc<Core>,
     pub tls: Tls,
-    pub descriptors: &'static [u8],
     pub limits: ConnectionLimits,
     /// Health status changes Python asks for: (service, serving).
     pub health: mpsc::UnboundedReceiver<(String, bool)>,
     pub stop: Stop,
 }
 
-/// Builds the services and serves on a thread of its own until told to stop.
-pub fn start(listener: std::net::TcpListener, setup: Setup) -> PyResult<JoinHandle<()>> {
+/// Builds the services and serves on a thread of its own until told to stop. Reflection
+/// decodes `descriptors` here and keeps what it decoded, not the bytes.
+pub fn start(
+    listener: std::net::TcpListener,
+    descriptors: &[u8],
+    setup: Setup,
+) -> PyResult<JoinHandle<()>> {
     let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(setup.descriptors)
+        .register_encoded_file_descriptor_set(descriptors)
         .build_v1alpha()
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let core = setup.core.clone();
     let thread = std::thread::Builder::new()
         .name("grpc-transport".into())
         .spawn(move || {
@@ -144,8 +149,11 @@ pub fn start(listener: std::net::TcpListener, setup: Setup) -> PyResult<JoinHand
             // Every task (and what it holds of Python's) goes before Python hears of the stop:
             // once told, Python may finalize, and this thread must not need the GIL again.
             drop(runtime);
+            // Stopped by Python (not dropped by it): nothing calls Python from here on, and
+            // the server lets go of Python's callables (they hold the objects that hold it).
             if let Some(on_stopped) = on_stopped {
                 Python::with_gil(|py| {
+                    core.bridge.release(py);
                     if let Err(error) = on_stopped.call0(py) {
                         error.write_unraisable(py, None);
                     }

@@ -24,7 +24,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use tokio::sync::oneshot;
 
 use crate::answer::{frame, status, Answer};
-use crate::bridge::Bridge;
+use crate::bridge::{Bridge, Hooks};
 use crate::grpc::Core;
 use crate::snapshot::{Hot, NodeIndex, Table};
 
@@ -87,20 +87,20 @@ impl Server {
             let value = hooks.getattr(name)?;
             Ok((!value.is_none()).then(|| value.unbind()))
         };
-        let bridge = Bridge {
+        let tls_pace = bridge::Pace::new(
+            Duration::try_from_secs_f64(hooks.getattr("tls_check_interval")?.extract()?)
+                .unwrap_or(Duration::ZERO),
+        );
+        let hooks = Hooks {
             event_loop: hooks.getattr("event_loop")?.unbind(),
             dispatch: hooks.getattr("dispatch")?.unbind(),
             cancel: hooks.getattr("cancel")?.unbind(),
             log_rpc: hooks.getattr("log_rpc")?.unbind(),
             admit: optional("admit")?,
             tls_check: optional("tls_check")?,
-            tls_pace: bridge::Pace::new(
-                Duration::try_from_secs_f64(hooks.getattr("tls_check_interval")?.extract()?)
-                    .unwrap_or(Duration::ZERO),
-            ),
             tls_refused: optional("tls_refused")?,
-            abandoned: Default::default(),
         };
+        let bridge = Bridge::new(hooks, tls_pace);
         let tls = tls
             .map(|pems| tls_config(pems).map(|c| Arc::new(ArcSwap::from_pointee(c))))
             .transpose()?;
@@ -121,13 +121,10 @@ impl Server {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let (stop, stopped) = oneshot::channel();
-        // Reflection keeps the descriptors for the life of the process (one server per process).
-        let descriptors: &'static [u8] = Box::leak(descriptors.into_boxed_slice());
         let (health, health_changes) = tokio::sync::mpsc::unbounded_channel();
         let setup = io::Setup {
             core: core.clone(),
             tls: tls.clone(),
-            descriptors,
             limits: io::ConnectionLimits {
                 max_concurrent_streams: limits.getattr("max_concurrent_streams")?.extract()?,
                 max_header_list_bytes: limits.getattr("max_header_list_bytes")?.extract()?,
@@ -140,7 +137,7 @@ impl Server {
             health: health_changes,
             stop: stopped,
         };
-        let thread = io::start(listener, setup)?;
+        let thread = io::start(listener, &descriptors, setup)?;
         Ok(Server {
             core,
             tls,
@@ -247,8 +244,9 @@ impl Server {
         }
     }
 
-    /// Health NOT_SERVING, no new connections, in-flight calls get `grace` seconds; then
-    /// `on_stopped()` is called (from the server's thread).
+    /// Health NOT_SERVING, no new connections, in-flight calls get `grace` seconds; then the
+    /// server lets go of the hooks it was given and `on_stopped()` is called (from the
+    /// server's thread).
     fn stop(&self, grace: f64, on_stopped: PyObject) -> PyResult<()> {
         let sender = self.stop.lock().map(|mut s| s.take()).unwrap_or(None);
         let Some(sender) = sender else {

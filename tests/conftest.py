@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +18,18 @@ pytest_plugins = [
     "fixtures.node",
     "fixtures.registry",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_journal_place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for the providers a module-scoped fixture starts: fixtures of a wider scope
+    are set up before any test's own, so _journal_place comes too late for them, and two
+    modules' providers of different clusters met in the default place (the second refused
+    every IncreaseSize: a journal written for another cluster)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+        patch.delenv("XDG_STATE_HOME", raising=False)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -709,7 +709,8 @@ def check_issuer_chain(bundle: Bundle, *leaves: Doc) -> None:
 
 def rules_of(bundle: Bundle, kind: str, subject: Doc, namespace: str | None = None) -> list[Doc]:
     """Rules of every `kind` (Role, ClusterRole) bound to `subject` by its binding kind, in
-    `namespace` (Roles), in the order the bindings come."""
+    `namespace` (Roles), in the order of the roles' names (kustomize sorts them, Helm keeps
+    the templates' order)."""
     binding_kind = f"{kind}Binding"
     bindings = [
         b
@@ -725,6 +726,7 @@ def rules_of(bundle: Bundle, kind: str, subject: Doc, namespace: str | None = No
         if r["metadata"]["name"] == b["roleRef"]["name"]
         and r["metadata"].get("namespace") == namespace
     ]
+    roles.sort(key=lambda role: str(role["metadata"]["name"]))
     return [rule for role in roles for rule in role["rules"]]
 
 
@@ -763,6 +765,12 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
     assert rules_of(bundle, "Role", subject, namespace) == [
         *EVENT_RULES,
         {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [election["journalConfigMap"]],
+            "verbs": ["get", "patch"],
+        },
+        {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
             "resourceNames": [election["leaseName"]],
@@ -773,12 +781,6 @@ def check_cluster_access(bundle: Bundle, config: Doc) -> None:
             "resources": ["endpointslices"],
             "resourceNames": [election["endpointSlice"]],
             "verbs": ["patch"],
-        },
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": [election["journalConfigMap"]],
-            "verbs": ["get", "patch"],
         },
     ]
     strategy = deployment["spec"]["strategy"]

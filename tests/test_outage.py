@@ -99,6 +99,28 @@ async def test_outage_serves_the_last_inventory_and_recovers(
     await converge(s, expected=6)
 
 
+async def test_an_increase_after_a_refresh_that_gave_up_is_refused(stack: StackFactory) -> None:
+    """A Refresh whose deadline ends while the client still retries the down API answers
+    UNAVAILABLE and leaves the listing running; the IncreaseSize CA sends next is refused too
+    (it was accepted while that listing had not yet failed for good, and its creates went
+    into the outage: CI saw it when the retries' jitter outlasted CA's 5 s)."""
+    s = await stack([group("workers", 0, 10)])
+    await arrange(s)
+    before = await snapshot(s)
+    await s.admin.set_faults({"down": True})
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await s.stub.Refresh(pb.RefreshRequest(), timeout=0.5)  # gives up before the retries end
+    assert refused.value.code() == Code.UNAVAILABLE
+    code, _, details = await rpc(
+        s.stub.NodeGroupIncreaseSize, pb.NodeGroupIncreaseSizeRequest(id="workers", delta=2)
+    )
+    assert code == Code.UNAVAILABLE, details
+    assert "unreachable" in details, details
+    assert await snapshot(s) == before, "IncreaseSize during the outage changed the target"
+    await s.admin.clear_faults()
+    await converge(s, expected=5)
+
+
 async def converge(s: Stack, expected: int) -> None:
     """Refresh until the server's view equals the cloud: target = servers + placeholders."""
 

@@ -157,6 +157,7 @@ class Inventory:
         if any, is claimed first."""
         if self.journal is not None and not self.journal.claimed:
             await self._claim(why)
+        started = time.monotonic()
         listing = asyncio.get_running_loop().create_task(self._list(why, self.tick()))
         self._background.track(listing)
         try:
@@ -164,7 +165,17 @@ class Inventory:
         except asyncio.CancelledError:
             if not listing.done():
                 listing.add_done_callback(self._listing_abandoned)
+                self._note_retrying(started)
             raise
+
+    def _note_retrying(self, started: float) -> None:
+        """A caller gave up on a listing the client is retrying after the API failed: the
+        API is down as far as anyone can tell until that listing ends (it sets or clears
+        api_down then). Without this an IncreaseSize right after a Refresh that timed out
+        on a down API would be accepted, and its creates would fail into the outage."""
+        error = self._cloud.failed_since(started)
+        if error is not None and api_problem(error) == API_UNREACHABLE:
+            self.api_down = f"{error}; still retrying"
 
     def _listing_abandoned(self, listing: asyncio.Task[None]) -> None:
         """Its caller was gone: retrieve its outcome (a failure is already recorded) and

@@ -10,7 +10,10 @@ Bugs the campaign found are kept below as plain regression tests replaying the s
 
 from __future__ import annotations
 
+import gc
+import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,9 @@ from typing import Any
 import fixtures.hypothesis_profiles  # noqa: F401  (registers "ci" and "long")
 import pytest
 from campaign import checks
+from campaign.logs import forget_earlier_examples
 from campaign.machine import CampaignMachine
+from campaign.memory import providers_left
 from campaign.world import World, world
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -41,18 +46,52 @@ def campaign_world(tmp_path: Path) -> Iterator[World]:
 # Hangs are caught per step (campaign.loop.STEP_LIMIT_SECONDS); the run as a whole may take
 # as long as the profile asks for.
 @pytest.mark.timeout(0)
-def test_fault_campaign(campaign_world: World) -> None:
+def test_fault_campaign(campaign_world: World, pytestconfig: pytest.Config) -> None:
+    forget_logs = forget_earlier_examples(pytestconfig)
+
+    def machine() -> CampaignMachine:
+        forget_logs()
+        return CampaignMachine(campaign_world)
+
     started = time.monotonic()
     try:
-        run_state_machine_as_test(
-            lambda: CampaignMachine(campaign_world), settings=campaign_settings()
-        )
+        run_state_machine_as_test(machine, settings=campaign_settings())
+        forget_logs()  # the last example's records hold its providers
+        campaign_world.run(campaign_world.stop_stack())
+        assert providers_left() == {}
     finally:
         # Shown with -s (or -rP): how much the campaign actually ran.
         print(
             f"\ncampaign: {CampaignMachine.examples} examples, {CampaignMachine.steps} checked "
             f"states in {time.monotonic() - started:.0f} s"
         )
+
+
+class _Provider:
+    """Stands in for a provider whose error was logged."""
+
+
+def test_an_example_starts_without_the_log_of_the_ones_before(
+    pytestconfig: pytest.Config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """campaign/logs.py: a logged error's traceback holds the provider that raised it, and
+    pytest keeps every record of a test; each example drops what the ones before logged."""
+
+    def fail(provider: _Provider) -> None:
+        raise RuntimeError("the cloud did not answer")
+
+    provider = _Provider()
+    gone = weakref.ref(provider)
+    try:
+        fail(provider)
+    except RuntimeError as error:
+        logging.getLogger("cloudscale_autoscaler.campaign").warning("create failed: %s", error)
+    del provider
+    gc.collect()
+    assert gone() is not None and len(caplog.records) == 1  # held by the captured record
+    forget_earlier_examples(pytestconfig)()
+    gc.collect()
+    assert gone() is None and caplog.records == [] and caplog.text == ""
 
 
 # --- regressions: what the campaign found, replayed step by step --------------------------------

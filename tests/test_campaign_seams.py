@@ -18,6 +18,8 @@ from pathlib import Path
 
 import fixtures.hypothesis_profiles  # noqa: F401  (registers "ci" and "long")
 import pytest
+from campaign.logs import forget_earlier_examples
+from campaign.memory import providers_left
 from campaign.seams.clock import VirtualLoop
 from campaign.seams.machine import SeamsMachine
 from campaign.seams.world import TOKEN, Schedule
@@ -60,16 +62,25 @@ def emulator(vloop: VirtualLoop) -> Iterator[Emulator]:
 
 
 @pytest.mark.timeout(0)
-def test_seams_campaign(vloop: VirtualLoop, emulator: Emulator, tmp_path: Path) -> None:
+def test_seams_campaign(
+    vloop: VirtualLoop, emulator: Emulator, tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
     serial = itertools.count()
+    forget_logs = forget_earlier_examples(pytestconfig)
 
     def make() -> Schedule:
         emulator.state.reset()
         return Schedule(vloop, emulator, tmp_path / f"schedule-{next(serial)}")
 
+    def machine() -> SeamsMachine:
+        forget_logs()
+        return SeamsMachine(make)
+
     started = time.monotonic()
     try:
-        run_state_machine_as_test(lambda: SeamsMachine(make), settings=seams_settings())
+        run_state_machine_as_test(machine, settings=seams_settings())
+        forget_logs()  # the last schedule's records hold its replicas
+        assert providers_left() == {}  # every schedule killed its replicas
     finally:
         print(
             f"\nseams campaign: {SeamsMachine.schedules} schedules, {SeamsMachine.steps} checked "

@@ -26,7 +26,7 @@ from cloudscale_autoscaler.cloud.errors import (
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import CloudscaleConfig
+from cloudscale_autoscaler.settings.types import CloudscaleConfig
 
 GROUP_LPG1 = "5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e03"  # the emulator's fixed server group
 

@@ -77,7 +77,7 @@ from cloudscale_autoscaler.cloud.ratelimit import (
     backoff_delay,
     parse_retry_after,
 )
-from cloudscale_autoscaler.config.types import CloudscaleConfig
+from cloudscale_autoscaler.settings.types import CloudscaleConfig
 
 logger = logging.getLogger(__name__)
 

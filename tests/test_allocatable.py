@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
-from cloudscale_autoscaler.config.types import KubeletConfig
+from cloudscale_autoscaler.settings.types import KubeletConfig
 from cloudscale_autoscaler.template.allocatable import (
     eviction_reservation,
     node_allocatable,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fixtures.hypothesis_profiles  # noqa: F401  (registers "ci" and "long")
@@ -87,3 +87,36 @@ def test_seams_campaign(
             f"states, {SeamsMachine.calls} CA calls ({SeamsMachine.unrouted} found no replica "
             f"serving) in {time.monotonic() - started:.0f} s"
         )
+
+
+# --- regressions: what the long runs found, replayed step by step -----------------------------
+
+
+def test_a_slow_create_cut_off_is_not_sent_again(
+    vloop: VirtualLoop, emulator: Emulator, tmp_path: Path
+) -> None:
+    """Long run #2: the leader's link to the API breaks while a create it sent is still being
+    carried out (8 s); the lookup after the broken connection misses the server, which proved
+    nothing, and the create was sent again: one request, two servers. Now it is looked for
+    until it is listed, never sent again."""
+    emulator.state.reset()
+    m = SeamsMachine(lambda: Schedule(vloop, emulator, tmp_path / "schedule"))
+    steps: list[Callable[[], None]] = [
+        lambda: m.start_with_faults({"latency": {"create_server": {"fixed_ms": 8000}}}, 0),
+        lambda: m.scale_up(delta=1, index=0, pause=0.0),
+        lambda: m.wait(duration=0.05),
+        lambda: m.pods(demand=1, index=5),
+        lambda: m.scale_down(count=1, failed_only=False, index=0, pause=10.0),
+        lambda: m.stop(role="other"),
+        lambda: m.scale_down(count=3, failed_only=False, index=1, pause=0.0),
+        lambda: m.cloud_link(cut=True, role="leader"),
+        lambda: m.cloud_link(cut=False, role="leader"),
+        lambda: m.scale_down(count=1, failed_only=False, index=0, pause=2.0),
+        lambda: m.cloud_faults(faults={"quota": {"max_servers": 3}}),
+    ]
+    try:
+        for step in steps:
+            step()
+            m.consistent()
+    finally:
+        m.teardown()

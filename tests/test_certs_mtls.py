@@ -15,9 +15,9 @@ import pytest
 from fixtures.tls import serving
 from fixtures.tools import run_cli
 
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, TLSConfig
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig, TLSConfig
 from cloudscale_autoscaler.transport.tls import TLSFileError
 
 TIMEOUT = 10.0

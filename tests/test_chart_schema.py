@@ -26,7 +26,7 @@ from cloudscale_autoscaler.config.groups import GROUP_KEYS, OPTION_KEYS
 from cloudscale_autoscaler.config.kubelet import BLOCK_KEYS
 from cloudscale_autoscaler.config.loader import CLOUDSCALE_KEYS, TOP_KEYS, load_config
 from cloudscale_autoscaler.config.schema import config_schema
-from cloudscale_autoscaler.config.types import ConfigError
+from cloudscale_autoscaler.settings.types import ConfigError
 from cloudscale_autoscaler.transport.certs import mint_dev_pki
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from fixtures.tools import cli, free_port
 
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Region
-from cloudscale_autoscaler.config.types import NodeGroupConfig
 from cloudscale_autoscaler.engine.catalogue_check import catalogue_errors
+from cloudscale_autoscaler.settings.types import NodeGroupConfig
 from cloudscale_autoscaler.transport.certs import (
     DevPKI,
     Validity,

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from campaign.seams.relay import Relay
 from fixtures.emulator import TOKEN, RunningEmulator
 
 from cloudscale_autoscaler.cloud.client import LOOKUP_OPERATION, CloudscaleClient
@@ -26,7 +27,7 @@ from cloudscale_autoscaler.cloud.errors import (
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import CloudscaleConfig
+from cloudscale_autoscaler.settings.types import CloudscaleConfig
 
 GROUP_LPG1 = "5e0a4c1e-0b7a-4d47-8f63-1a2b3c4d5e03"  # the emulator's fixed server group
 
@@ -578,6 +579,34 @@ async def test_a_timed_out_create_is_looked_for_never_sent_again(
     await emulator.admin.clear_faults()
     assert [op for op, _ in calls_of(client)].count("create_server") == 1
     assert calls_of(client)[-1] == (LOOKUP_OPERATION, "200")
+    assert [s["uuid"] for s in await emulator.admin.servers()] == [server.uuid]
+    assert client.retries["create_server_recovered"] == 1
+
+
+@pytest.mark.parametrize("failed", [0, 2])
+async def test_a_create_whose_connection_broke_is_looked_for_never_sent_again(
+    emulator: RunningEmulator, make_client: ClientFactory, failed: int
+) -> None:
+    """The connection breaks after the POST went out, while the API is still carrying it out
+    (it lists the server a second later): the API goes on without the client, so a lookup
+    that misses the server proves nothing and the create is never sent again (the seams
+    campaign's cut link made one request two servers). `failed`: lookups the cut refuses
+    first, as while the link is down."""
+    relay = Relay("127.0.0.1", int(httpx.URL(emulator.url).port or 0))
+    await relay.start()
+    client = make_client(relay.url, max_retries=10, backoff_base=0.2)
+    await emulator.admin.set_faults({"latency": {"create_server": {"fixed_ms": 1500}}})
+    creating = asyncio.create_task(client.create_server(spec("cut-off")))
+    await asyncio.sleep(0.3)  # the POST is with the API (loopback), not carried out before 1.5 s
+    relay.sever()
+    await asyncio.sleep(0.2 * failed)
+    relay.mend()
+    try:
+        server = await creating
+    finally:
+        relay.close()
+        await emulator.admin.clear_faults()
+    assert [op for op, _ in calls_of(client)].count("create_server") == 1, calls_of(client)
     assert [s["uuid"] for s in await emulator.admin.servers()] == [server.uuid]
     assert client.retries["create_server_recovered"] == 1
 

@@ -14,7 +14,16 @@ import yaml
 
 from cloudscale_autoscaler.config.advice import config_warnings
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import (
+from cloudscale_autoscaler.config.values import (
+    did_you_mean,
+    label_value_error,
+    parse_go_duration,
+    parse_host_port,
+    placeholder_errors,
+    qualified_name_error,
+    threshold_error,
+)
+from cloudscale_autoscaler.settings.types import (
     AutoscalingOptions,
     CloudscaleConfig,
     Config,
@@ -24,15 +33,6 @@ from cloudscale_autoscaler.config.types import (
     NodeGroupConfig,
     Taint,
     TLSConfig,
-)
-from cloudscale_autoscaler.config.values import (
-    did_you_mean,
-    label_value_error,
-    parse_go_duration,
-    parse_host_port,
-    placeholder_errors,
-    qualified_name_error,
-    threshold_error,
 )
 from cloudscale_autoscaler.template.userdata import UserDataError, render
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from cloudscale_autoscaler.config.groups import MAX_VOLUME_GB
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.config.yamlfile import MAX_DEPTH, MAX_DOCUMENT_BYTES
+from cloudscale_autoscaler.settings.types import Config, ConfigError
 
 ENV = {"CLOUDSCALE_API_TOKEN": "bounds-test-token-0123456789"}
 GROUP = "- {name: workers, minSize: 0, maxSize: 3, flavor: flex-4-2, image: d}"

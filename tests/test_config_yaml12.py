@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.config.yamlfile import YamlProblem, parse_yaml
+from cloudscale_autoscaler.settings.types import Config, ConfigError
 
 ENV = {"CLOUDSCALE_API_TOKEN": "yaml12-test-token-0123456789"}
 GROUP = "{name: workers, minSize: 0, maxSize: 3, flavor: flex-4-2, image: d"

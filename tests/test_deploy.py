@@ -35,8 +35,8 @@ from fixtures.tools import INSTALL_TIMEOUT_SECONDS
 from kubernetes.client import ApiClient, models
 
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.reload.fixed import RELOADABLE
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.transport.certs import mint_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]

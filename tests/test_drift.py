@@ -15,7 +15,6 @@ import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
 from cloudscale_autoscaler.commands.drift import exit_code, render
-from cloudscale_autoscaler.config.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
 from cloudscale_autoscaler.kube.drift import (
     ABSENT,
@@ -31,6 +30,7 @@ from cloudscale_autoscaler.kube.drift import (
     summarize,
     warning_line,
 )
+from cloudscale_autoscaler.settings.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.template.node import build_template_node
 from cloudscale_autoscaler.template.render import node_to_dict
 

@@ -12,10 +12,10 @@ import grpc
 import pytest
 from fixtures.stack import StackFactory, group
 
-from cloudscale_autoscaler.config.types import PricingConfig
 from cloudscale_autoscaler.observability.echo import ECHO_LIMIT, clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import PricingConfig
 
 HUGE = 3 * 1024 * 1024  # 3145728 characters: far past gRPC's status and metadata limits
 SHORT = 1000  # any bounded message is well below this

@@ -10,10 +10,10 @@ import pytest
 from fixtures.stack import StackFactory, group, group_tags, wait_until
 from google.protobuf import duration_pb2
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
+from cloudscale_autoscaler.settings.types import AutoscalingOptions
 
 GPU_FLAVOR = "gpu2-128-16-1-200"
 

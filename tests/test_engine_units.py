@@ -14,7 +14,6 @@ from cloudscale_autoscaler.cloud.errors import (
     QuotaExceededError,
 )
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST, Server
-from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.engine import instances, names, options, spec
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.engine.group import (
@@ -27,6 +26,7 @@ from cloudscale_autoscaler.engine.group import (
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
+from cloudscale_autoscaler.settings.types import AutoscalingOptions, NodeGroupConfig, Taint
 
 # --- names ---------------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from fixtures.stack import group
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import AutoscalingOptions
 
 Code = grpc.StatusCode
 SERVICE = pb.DESCRIPTOR.services_by_name["CloudProvider"]

@@ -17,10 +17,10 @@ import pytest
 from fixtures.stack import Stack, StackFactory, group, group_tags, wait_until
 from fixtures.tls import PKI, StandInServicer, address, make_config
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions, Taint
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import AutoscalingOptions, Taint
 from cloudscale_autoscaler.transport.server import start_server
 
 TIMEOUT = 10.0

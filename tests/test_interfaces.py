@@ -18,8 +18,8 @@ from test_check_config import check_online, failure_lines, write_config
 from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.emulator.catalogue import PRIVATE
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import ConfigError, NetworkInterface
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import ConfigError, NetworkInterface
 
 # The emulator's networks (docs/emulator.md).
 NODES_LPG = "7a1c0000-0000-4000-8000-000000000001"

@@ -10,7 +10,7 @@ import yaml
 
 from cloudscale_autoscaler.config.kubernetes import kubernetes_text
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import ConfigError, KubernetesConfig, LeaderElectionConfig
+from cloudscale_autoscaler.settings.types import ConfigError, KubernetesConfig, LeaderElectionConfig
 
 ENV = {"CLOUDSCALE_API_TOKEN": "token"}
 LE = "kubernetes.leaderElection"

@@ -24,8 +24,8 @@ from fixtures.stack import CLUSTER, StackFactory, group, group_tags, wait_until
 from fixtures.tools import run_cli
 from kubernetes import client as k8s
 
-from cloudscale_autoscaler.config.types import KubeletConfig, KubernetesConfig
 from cloudscale_autoscaler.kube.check import template_of
+from cloudscale_autoscaler.settings.types import KubeletConfig, KubernetesConfig
 
 pytestmark = [pytest.mark.kube, NEEDS_KUBE]
 PLUGIN_SECONDS = 3.0  # an exec credential plugin this slow (a token from a remote vault)

@@ -1,5 +1,5 @@
-"""The product's module graph: no import circle, no library module importing a command, the
-rooms apart (config below the engine, template pure) and nothing loose at the package root.
+"""The product's module graph: no import circle, no library module importing a command, every
+import running down the rooms' order, template pure and nothing loose at the package root.
 The same for the Rust crate's modules (rust/src), read from their `use crate::` lines.
 
 Read from the source with `ast`, not by importing: every import of a product module counts
@@ -193,26 +193,81 @@ def test_no_library_module_imports_a_command() -> None:
     assert not offenders, "library modules importing a command:\n" + "\n".join(offenders)
 
 
-CONFIG = f"{PACKAGE}.config"
-ENGINE = f"{PACKAGE}.engine"
+# The rooms from the wire down: each may import only rooms after it. Above them all stands the
+# assembly (commands/ and the modules at the package root), which no room imports; the
+# package's own `__init__` (the version) is below everything.
+ROOMS = (
+    "transport",
+    "kube",
+    "service",
+    "reload",
+    "engine",
+    "journal",
+    "config",
+    "template",
+    "cloud",
+    "observability",
+    "settings",
+)
+INTERNALS = ROOT / "docs" / "internals.md"
 
 
-def test_config_sits_below_the_engine() -> None:
-    """The engine reads the config; the config never reaches up into the engine."""
-    graph = import_graph()
-    assert CONFIG in graph and ENGINE in graph
-    offenders = [
+def room_of(module: str) -> str:
+    """The top-level package a module is in, or the module itself at the package root; the
+    package's own `__init__` is the empty name."""
+    return module.removeprefix(PACKAGE).lstrip(".").split(".")[0]
+
+
+def room_offences(graph: dict[str, set[str]], rooms: tuple[str, ...]) -> list[str]:
+    """Every import from a room into a room not below it (or into the assembly)."""
+    below = {room: set(rooms[rank + 1 :]) | {""} for rank, room in enumerate(rooms)}
+    return [
         f"{_short(module)} imports {_short(target)}"
         for module, targets in sorted(graph.items())
-        if _within(module, CONFIG)
+        if room_of(module) in below
         for target in sorted(targets)
-        if _within(target, ENGINE)
+        if room_of(target) != room_of(module) and room_of(target) not in below[room_of(module)]
     ]
-    assert not offenders, "config/ importing the engine:\n" + "\n".join(offenders)
+
+
+def test_every_import_runs_downward() -> None:
+    graph = import_graph()
+    packages = {path.parent.name for path in SOURCE.glob("*/__init__.py")}
+    assert packages - {"commands", "protos"} == set(ROOMS), "a room missing from ROOMS, or gone"
+    offences = room_offences(graph, ROOMS)
+    assert not offences, "imports that run up the rooms' order:\n" + "\n".join(offences)
+
+
+def test_internals_lists_the_rooms_in_order() -> None:
+    """docs/internals.md's Layout names the rooms in the order the test enforces."""
+    text = INTERNALS.read_text()
+    section = text[text.index("## Layout") :]
+    listed = re.findall(r"^- `(\w+)/`", section, flags=re.MULTILINE)
+    assert tuple(listed) == ROOMS
+
+
+def test_room_offences_are_found() -> None:
+    graph = {
+        f"{PACKAGE}.config.loader": {f"{PACKAGE}.template.labels", f"{PACKAGE}.config.values"},
+        f"{PACKAGE}.template.node": {f"{PACKAGE}.config.types", PACKAGE},
+        f"{PACKAGE}.engine.engine": {f"{PACKAGE}.status"},
+        f"{PACKAGE}.status": {f"{PACKAGE}.engine.status"},
+    }
+    assert room_offences(graph, ("engine", "config", "template")) == [
+        "engine.engine imports status",
+        "template.node imports config.types",
+    ]
 
 
 # The package root holds the assembly only; every concept lives in its room (a package).
-ROOT_MODULES = {"__init__.py", "__main__.py", "app.py", "cli.py", "_transport.pyi"}
+ROOT_MODULES = {
+    "__init__.py",
+    "__main__.py",
+    "app.py",
+    "cli.py",
+    "status.py",
+    "_transport.pyi",
+}
 
 
 def test_package_root_holds_only_the_assembly() -> None:
@@ -225,7 +280,7 @@ def test_package_root_holds_only_the_assembly() -> None:
     assert not loose, f"modules loose at the package root: {', '.join(loose)}"
 
 
-# What template/ may run: the flavor's model and itself (its config types are annotations).
+# What template/ may run: the flavor's model and itself (its settings are annotations).
 TEMPLATE = f"{PACKAGE}.template"
 TEMPLATE_MAY_IMPORT = (TEMPLATE, f"{PACKAGE}.cloud.models", f"{PACKAGE}.cloud")
 

@@ -10,8 +10,8 @@ from fixtures.emulator import RunningEmulator
 from fixtures.stack import Stack, StackFactory, group
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloudscale_autoscaler.config.types import MetricsConfig
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import MetricsConfig
 
 NAMED = [
     "cloudscale_autoscaler_grpc_requests",

@@ -22,7 +22,6 @@ from test_check_config import write_config
 
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import ConfigError, PricingConfig
 from cloudscale_autoscaler.engine.pricing import (
     Offer,
     cheapest_pod_price,
@@ -33,6 +32,7 @@ from cloudscale_autoscaler.engine.pricing import (
 from cloudscale_autoscaler.observability.echo import ECHO_LIMIT
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import ConfigError, PricingConfig
 from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
 
 MI = 2**20

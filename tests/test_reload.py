@@ -29,12 +29,12 @@ from fixtures.tools import free_port
 
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.reload.fixed import fixed_changes
 from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
+from cloudscale_autoscaler.settings.types import Config
 
 CLUSTER = "reload"
 RELOADED = 15.0  # the provider checks every 2 s; a loaded machine takes longer to answer

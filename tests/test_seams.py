@@ -22,11 +22,11 @@ from fixtures.stack import Stack, StackFactory, group, wait_until
 from fixtures.tls import PKI, grpc_channel
 
 from cloudscale_autoscaler.cloud.models import TAG_MANAGED
-from cloudscale_autoscaler.config.types import NetworkInterface, NodeGroupConfig
 from cloudscale_autoscaler.journal.entries import decode
 from cloudscale_autoscaler.journal.file import FILE_NAME, default_directory
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.settings.types import NetworkInterface, NodeGroupConfig
 
 NODES_LPG = "7a1c0000-0000-4000-8000-000000000001"
 FAILED = "cloudscale://failed-"

@@ -31,10 +31,10 @@ from fixtures.tools import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.observability.logs import request_id_var
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.transport.server import ListenError, start_server
 
 TIMEOUT = 10.0

@@ -7,7 +7,7 @@ import logging
 import pytest
 from fixtures.stack import StackFactory, group, wait_until
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions, NetworkInterface
+from cloudscale_autoscaler.settings.types import AutoscalingOptions, NetworkInterface
 
 
 async def test_unknown_flavor_image_and_zone_are_logged_at_start(

@@ -34,16 +34,16 @@ from fixtures.tools import cli, free_port
 from cloudscale_autoscaler.cloud.errors import CapacityError, InvalidRequestError
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_DELETION, TAG_GROUP, Server
 from cloudscale_autoscaler.commands import status as command
-from cloudscale_autoscaler.config.types import MetricsConfig, NodeGroupConfig
 from cloudscale_autoscaler.engine.group import GroupState
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.engine.status import RefreshOutcome, group_status, server_counts
 from cloudscale_autoscaler.observability.metrics import RpcReading
-from cloudscale_autoscaler.observability.status import LeaderStatus, collect, leader_status
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.service.seen import CallsSeen
 from cloudscale_autoscaler.service.serving import Serving
+from cloudscale_autoscaler.settings.types import MetricsConfig, NodeGroupConfig
+from cloudscale_autoscaler.status import LeaderStatus, collect, leader_status
 
 NOW_UNIX = 1_800_000_000.0
 LIFETIME = 900.0

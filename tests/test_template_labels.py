@@ -19,9 +19,9 @@ from fixtures.stack import StackFactory, group, wait_until
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
 from cloudscale_autoscaler.config.advice import config_warnings
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, Taint
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig, Taint
 from cloudscale_autoscaler.template.labels import label_error, label_sources
 from cloudscale_autoscaler.template.node import template_labels
 

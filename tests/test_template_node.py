@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from cloudscale_autoscaler.cloud.models import Flavor, Gpu
-from cloudscale_autoscaler.config.types import KubeletConfig, NodeGroupConfig, Taint
+from cloudscale_autoscaler.settings.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.template.labels import gpu_label_value, region_of
 from cloudscale_autoscaler.template.node import (
     build_template_node,

@@ -20,8 +20,8 @@ from fixtures.emulator import TOKEN, RunningEmulator
 from cloudscale_autoscaler.cli import main
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.commands.template import render, template_command
-from cloudscale_autoscaler.config.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import KubeletConfig, NodeGroupConfig, Taint
 from cloudscale_autoscaler.template.node import build_template_node
 from cloudscale_autoscaler.template.render import node_to_dict
 

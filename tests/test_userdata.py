@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloudscale_autoscaler.config.types import Taint
+from cloudscale_autoscaler.settings.types import Taint
 from cloudscale_autoscaler.template.userdata import (
     UserDataError,
     format_labels,

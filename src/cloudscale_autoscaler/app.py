@@ -20,18 +20,18 @@ from cloudscale_autoscaler.cloud.client import CloudscaleClient
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.protocol import Cloud
 from cloudscale_autoscaler.config.advice import config_warnings
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.catalogue_check import online_problems
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.status import RemovedGroup
 from cloudscale_autoscaler.journal.file import FILE_NAME, FileStore, default_directory
 from cloudscale_autoscaler.observability.metrics import Metrics
-from cloudscale_autoscaler.observability.status import Status, collect, leader_status
 from cloudscale_autoscaler.reload.reloader import Apply, ConfigFile, Reloader
 from cloudscale_autoscaler.service.gate import GatedService, gated
 from cloudscale_autoscaler.service.hot import HotAnswers
 from cloudscale_autoscaler.service.provider import SERVICE_NAME, CloudProviderService
 from cloudscale_autoscaler.service.serving import Serving
+from cloudscale_autoscaler.settings.types import Config
+from cloudscale_autoscaler.status import Status, collect, leader_status
 from cloudscale_autoscaler.transport.server import (
     DEFAULT_GRACE_SECONDS,
     ListenError,

@@ -19,7 +19,7 @@ from fixtures.stack import Stack, stack_config, start_stack
 from fixtures.tls import PKI, make_pki
 
 from campaign.loop import LoopThread
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig
 
 T = TypeVar("T")
 

@@ -77,7 +77,7 @@ from cloudscale_autoscaler.cloud.ratelimit import (
     backoff_delay,
     parse_retry_after,
 )
-from cloudscale_autoscaler.config.types import CloudscaleConfig
+from cloudscale_autoscaler.settings.types import CloudscaleConfig
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ Made = TypeVar("Made", Server, ServerGroup)
 
 # Statuses worth another try for idempotent calls (a 500 may be a transient backend error).
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Bad gateway and gateway timeout: a proxy gave up on the API, which may still be at work.
+GATEWAY_STATUSES = frozenset({502, 504})
 # No retry delay (backoff or Retry-After) ever exceeds this; adjustable per client instance.
 MAX_DELAY_SECONDS = 30.0
 # The lookups that resolve an uncertain create show up under these operation names.
@@ -102,8 +104,8 @@ _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 class _Outcome(Enum):
     REFUSED = "refused"  # the API provably did not act on it: safe to re-send
-    UNSURE = "unsure"  # it may have been processed: look before re-sending
-    IN_DOUBT = "in doubt"  # no answer in time: it may still be processed, so never re-send
+    UNSURE = "unsure"  # the API answered, so it is done with it: look before re-sending
+    IN_DOUBT = "in doubt"  # no answer from the API: it may still be at work, so never re-send
     FINAL = "final"  # a definitive answer: do not retry
 
 
@@ -504,10 +506,11 @@ class CloudscaleClient:
             response = await self._attempt(operation, "POST", kind.path, json_body=body)
         except _NEVER_SENT as exc:
             return _transport_error(exc, operation, self._secrets), _Outcome.REFUSED, None
-        except httpx.TimeoutException as exc:  # sent, unanswered (connect and pool: above)
-            return _transport_error(exc, operation, self._secrets), _Outcome.IN_DOUBT, None
         except httpx.RequestError as exc:
-            return _transport_error(exc, operation, self._secrets), _Outcome.UNSURE, None
+            # Sent (or partly) and unanswered: timed out, or the connection broke. The API
+            # carries out what it received whether or not the client still listens, so
+            # the create may be under way and a lookup that misses it proves nothing.
+            return _transport_error(exc, operation, self._secrets), _Outcome.IN_DOUBT, None
         status = response.status_code
         if status in (200, 201):
             try:
@@ -521,6 +524,9 @@ class CloudscaleClient:
         error = self._error(response, operation)
         if status == 429:
             return error, _Outcome.REFUSED, self._retry_after(response)
+        if status in GATEWAY_STATUSES:
+            # A proxy's answer: the API behind it may still be carrying the create out.
+            return error, _Outcome.IN_DOUBT, None
         if status in RETRYABLE_STATUSES:
             return error, _Outcome.UNSURE, None
         return error, _Outcome.FINAL, None

@@ -23,7 +23,6 @@ from cloudscale_autoscaler.config.kubernetes import kubernetes_text, outside_pod
 from cloudscale_autoscaler.config.loader import TOKEN_ENV, load_config, load_offline
 from cloudscale_autoscaler.config.manifests import ManifestProblem, config_in_manifests
 from cloudscale_autoscaler.config.pricing import price_text, pricing_text
-from cloudscale_autoscaler.config.types import Config, ConfigError, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.config.yamlfile import YamlProblem, read_document
 from cloudscale_autoscaler.engine.catalogue_check import (
     Catalogue,
@@ -36,6 +35,7 @@ from cloudscale_autoscaler.engine.catalogue_check import (
 from cloudscale_autoscaler.journal.file import FILE_NAME as JOURNAL_FILE
 from cloudscale_autoscaler.journal.file import default_directory
 from cloudscale_autoscaler.observability.logs import to_stderr
+from cloudscale_autoscaler.settings.types import Config, ConfigError, NodeGroupConfig, PricingConfig
 
 log = logging.getLogger(__name__)
 

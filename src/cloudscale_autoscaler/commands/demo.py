@@ -25,10 +25,10 @@ import httpx
 from cloudscale_autoscaler.app import Running, start_provider
 from cloudscale_autoscaler.cloud.emulator.server import Emulator
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos import externalgrpc_pb2_grpc as pb_grpc
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.transport.certs import mint_dev_pki
 from cloudscale_autoscaler.transport.server import ListenError
 

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloudscale_autoscaler.config.types import Config, ConfigError, KubernetesConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.check import DriftReport, GroupReport
 from cloudscale_autoscaler.kube.drift import informational
+from cloudscale_autoscaler.settings.types import Config, ConfigError, KubernetesConfig
 
 EXIT_CLEAN = 0
 EXIT_DRIFT = 1

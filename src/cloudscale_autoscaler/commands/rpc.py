@@ -31,11 +31,11 @@ from google.protobuf.message import Message
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import ConfigError
 from cloudscale_autoscaler.config.values import parse_go_duration, uuid_error
 from cloudscale_autoscaler.engine.providerid import PREFIX, format_provider_id
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service.provider import SERVICE_NAME
+from cloudscale_autoscaler.settings.types import ConfigError
 
 EXIT_OK = 0
 EXIT_RPC_ERROR = 1

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from cloudscale_autoscaler.app import run
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import ConfigError
 from cloudscale_autoscaler.observability.logs import to_stderr
 from cloudscale_autoscaler.reload.reloader import ConfigFile
+from cloudscale_autoscaler.settings.types import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.config.interfaces import interfaces_text
 from cloudscale_autoscaler.config.loader import load_config
 from cloudscale_autoscaler.config.pricing import price_text
-from cloudscale_autoscaler.config.types import Config, ConfigError, NodeGroupConfig
 from cloudscale_autoscaler.observability.logs import to_stderr
+from cloudscale_autoscaler.settings.types import Config, ConfigError, NodeGroupConfig
 from cloudscale_autoscaler.template.node import build_template_node
 from cloudscale_autoscaler.template.render import node_to_dict
 from cloudscale_autoscaler.template.slug import flavor_from_slug

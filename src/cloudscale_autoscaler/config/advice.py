@@ -5,7 +5,7 @@ Printed by `check-config` and logged by `serve` at start; never a reason to refu
 
 from __future__ import annotations
 
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, with_entries
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig, with_entries
 from cloudscale_autoscaler.template.slug import flavor_from_slug
 from cloudscale_autoscaler.template.userdata import UserDataError, placeholders_in
 

@@ -19,7 +19,6 @@ from cloudscale_autoscaler.config.reader import (
     item,
     resolve,
 )
-from cloudscale_autoscaler.config.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.config.values import (
     LABEL_NAME_MAX,
     TAINT_EFFECTS,
@@ -30,6 +29,7 @@ from cloudscale_autoscaler.config.values import (
     uuid_error,
 )
 from cloudscale_autoscaler.config.yamlfile import FileProblem, read_text
+from cloudscale_autoscaler.settings.types import AutoscalingOptions, NodeGroupConfig, Taint
 from cloudscale_autoscaler.template.labels import label_error
 
 GROUP_KEYS = (

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from cloudscale_autoscaler.config.reader import Fields, Issues, describe, item
-from cloudscale_autoscaler.config.types import PUBLIC_NETWORK, NetworkInterface, NodeGroupConfig
 from cloudscale_autoscaler.config.values import uuid_error
+from cloudscale_autoscaler.settings.types import PUBLIC_NETWORK, NetworkInterface, NodeGroupConfig
 
 ENTRY_KEYS = ("network", "subnet")
 # The API's own keys for fixed addresses, refused with a reason rather than "unknown key".

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cloudscale_autoscaler.config.reader import Fields, child, describe, is_number, resolve
-from cloudscale_autoscaler.config.types import DEFAULT_MAX_PODS, KubeletConfig
 from cloudscale_autoscaler.config.values import (
     nonnegative_quantity_error,
     threshold_error,
     unknown_key_reason,
 )
 from cloudscale_autoscaler.config.yamlfile import FileProblem, YamlProblem, parse_yaml, read_text
+from cloudscale_autoscaler.settings.types import DEFAULT_MAX_PODS, KubeletConfig
 
 BLOCK_KEYS = ("maxPods", "systemReserved", "kubeReserved", "evictionHard", "configFile")
 RESERVED_RESOURCES = ("cpu", "memory", "ephemeral-storage", "pid")

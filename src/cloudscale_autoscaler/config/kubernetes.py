@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cloudscale_autoscaler.config.reader import Fields, as_written, describe, resolve
-from cloudscale_autoscaler.config.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.config.values import (
     dns_label_error,
     dns_subdomain_error,
     parse_go_duration,
 )
+from cloudscale_autoscaler.settings.types import KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.template.quantity import parse_percent
 
 KUBERNETES_KEYS = ("kubeconfig", "driftInterval", "driftTolerance", "leaderElection")

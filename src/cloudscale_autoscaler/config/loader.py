@@ -19,17 +19,6 @@ from cloudscale_autoscaler.config.groups import GROUP_KEYS, parse_group
 from cloudscale_autoscaler.config.kubernetes import parse_kubernetes
 from cloudscale_autoscaler.config.pricing import check_group_prices, parse_pricing
 from cloudscale_autoscaler.config.reader import Fields, Issues, as_written, describe, item, resolve
-from cloudscale_autoscaler.config.types import (
-    DEFAULT_API_URL,
-    DEFAULT_GPU_LABEL,
-    DEFAULT_LISTEN,
-    CloudscaleConfig,
-    Config,
-    ConfigError,
-    MetricsConfig,
-    NodeGroupConfig,
-    TLSConfig,
-)
 from cloudscale_autoscaler.config.values import (
     LABEL_NAME_MAX,
     SUFFIX_LENGTH,
@@ -47,6 +36,17 @@ from cloudscale_autoscaler.config.yamlfile import (
     read_text,
 )
 from cloudscale_autoscaler.observability.logs import register_secret
+from cloudscale_autoscaler.settings.types import (
+    DEFAULT_API_URL,
+    DEFAULT_GPU_LABEL,
+    DEFAULT_LISTEN,
+    CloudscaleConfig,
+    Config,
+    ConfigError,
+    MetricsConfig,
+    NodeGroupConfig,
+    TLSConfig,
+)
 from cloudscale_autoscaler.template.labels import gpu_label_error
 
 log = logging.getLogger(__name__)

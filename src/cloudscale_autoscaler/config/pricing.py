@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cloudscale_autoscaler.config.reader import Fields, child, describe, is_number, item
-from cloudscale_autoscaler.config.types import NodeGroupConfig, PricingConfig, with_entries
+from cloudscale_autoscaler.settings.types import NodeGroupConfig, PricingConfig, with_entries
 
 PRICING_KEYS = ("currency", "flavorsPerHour", "volumePerGBHour")
 CURRENCY = r"[A-Z]{3}"  # ISO 4217

@@ -42,7 +42,6 @@ from cloudscale_autoscaler.config.loader import (
     TOP_KEYS,
 )
 from cloudscale_autoscaler.config.pricing import CURRENCY, MAX_PRICE, PRICING_KEYS
-from cloudscale_autoscaler.config.types import PUBLIC_NETWORK
 from cloudscale_autoscaler.config.values import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -52,6 +51,7 @@ from cloudscale_autoscaler.config.values import (
     TAINT_EFFECTS,
     UUID,
 )
+from cloudscale_autoscaler.settings.types import PUBLIC_NETWORK
 
 # The rules of template/labels.py on which keys the kubelet sets itself or refuses.
 from cloudscale_autoscaler.template.labels import (

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import Flavor
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, EngineError, FailedPrecondition
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.template.labels import gpu_label_value, label_sources
 from cloudscale_autoscaler.template.node import template_node_bytes
 from cloudscale_autoscaler.template.slug import flavor_from_slug

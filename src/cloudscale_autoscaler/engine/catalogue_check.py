@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from cloudscale_autoscaler.cloud.models import Flavor, Image, Network, Region, Subnet
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import NetworkInterface, NodeGroupConfig, with_entries
 from cloudscale_autoscaler.config.values import uuid_error
 from cloudscale_autoscaler.engine.networks import by_name, needs_lookup
+from cloudscale_autoscaler.settings.types import NetworkInterface, NodeGroupConfig, with_entries
 
 
 def uses_private_networks(groups: Sequence[NodeGroupConfig]) -> bool:

@@ -42,7 +42,6 @@ from dataclasses import replace
 from cloudscale_autoscaler.cloud.errors import CloudError, OutcomeUnknownError
 from cloudscale_autoscaler.cloud.models import TAG_REQUEST, InterfaceRequest, Server, ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import names, refusals, spec
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.catalog import Catalog
@@ -59,6 +58,7 @@ from cloudscale_autoscaler.engine.placement import Slot
 from cloudscale_autoscaler.engine.providerid import format_provider_id, placeholder_provider_id
 from cloudscale_autoscaler.engine.records import Batch, Creation, CreationState, Placeholder
 from cloudscale_autoscaler.journal.store import JournalError
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.template.userdata import UserDataError
 
 log = logging.getLogger(__name__)

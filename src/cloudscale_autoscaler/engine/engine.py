@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine import options
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.catalog import Catalog
@@ -46,6 +45,7 @@ from cloudscale_autoscaler.journal.store import JournalStore
 from cloudscale_autoscaler.journal.writer import unfenced
 from cloudscale_autoscaler.observability.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import Config
 
 log = logging.getLogger(__name__)
 

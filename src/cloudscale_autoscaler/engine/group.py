@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cloudscale_autoscaler.cloud.models import TAG_DELETION, TAG_REQUEST, Server
-from cloudscale_autoscaler.config.types import NodeGroupConfig
 from cloudscale_autoscaler.engine import instances
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
 from cloudscale_autoscaler.engine.placement import Placed, Placement, Slot
@@ -39,6 +38,7 @@ from cloudscale_autoscaler.engine.records import (
 from cloudscale_autoscaler.journal.entries import Entry
 from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import NodeGroupConfig
 
 log = logging.getLogger(__name__)
 

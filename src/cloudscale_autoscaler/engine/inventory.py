@@ -49,7 +49,6 @@ from cloudscale_autoscaler.cloud.models import (
     ServerGroup,
 )
 from cloudscale_autoscaler.cloud.protocol import Cloud, Fence
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import CloudUnavailable, GroupNotFound
 from cloudscale_autoscaler.engine.group import GroupState
@@ -67,6 +66,7 @@ from cloudscale_autoscaler.journal.writer import Journal
 from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.observability.metrics import GroupStats
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import Config
 
 log = logging.getLogger(__name__)
 

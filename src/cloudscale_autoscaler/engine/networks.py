@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import InterfaceRequest, Network
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import NetworkInterface, NodeGroupConfig
 from cloudscale_autoscaler.config.values import uuid_error
 from cloudscale_autoscaler.engine import refusals
 from cloudscale_autoscaler.engine.errors import FailedPrecondition
+from cloudscale_autoscaler.settings.types import NetworkInterface, NodeGroupConfig
 
 
 def by_name(name: str, zone: str | None, networks: Sequence[Network]) -> Network | str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from google.protobuf import duration_pb2
 
-from cloudscale_autoscaler.config.types import AutoscalingOptions
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.protos.k8s.apimachinery import meta_v1_pb2
+from cloudscale_autoscaler.settings.types import AutoscalingOptions
 
 _NANOS = 1_000_000_000
 

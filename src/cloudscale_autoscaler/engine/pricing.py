@@ -31,12 +31,12 @@ from decimal import Decimal
 from fractions import Fraction
 
 from cloudscale_autoscaler.cloud.models import Flavor
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.errors import FailedPrecondition, GroupNotFound, InvalidArgument
 from cloudscale_autoscaler.observability.echo import clip
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
 from cloudscale_autoscaler.protos.k8s.apimachinery import resource_pb2
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig, PricingConfig
 from cloudscale_autoscaler.template.allocatable import PODS, node_allocatable, node_capacity
 from cloudscale_autoscaler.template.node import ANNOTATION_CLUSTER, ANNOTATION_GROUP
 from cloudscale_autoscaler.template.quantity import parse_quantity

@@ -11,7 +11,7 @@ from cloudscale_autoscaler.cloud.models import (
     InterfaceRequest,
     ServerSpec,
 )
-from cloudscale_autoscaler.config.types import NodeGroupConfig
+from cloudscale_autoscaler.settings.types import NodeGroupConfig
 from cloudscale_autoscaler.template import userdata
 
 

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloudscale_autoscaler.config.types import Config, with_entries
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import EngineError
 from cloudscale_autoscaler.kube.drift import (
@@ -22,6 +21,7 @@ from cloudscale_autoscaler.kube.drift import (
     summarize,
 )
 from cloudscale_autoscaler.protos.k8s.api import core_v1_pb2
+from cloudscale_autoscaler.settings.types import Config, with_entries
 from cloudscale_autoscaler.template.render import node_to_dict
 
 log = logging.getLogger(__name__)

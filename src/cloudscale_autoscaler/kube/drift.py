@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from cloudscale_autoscaler.config.types import NodeGroupConfig
+from cloudscale_autoscaler.settings.types import NodeGroupConfig
 from cloudscale_autoscaler.template.allocatable import (
     CPU,
     EPHEMERAL_STORAGE,

@@ -34,9 +34,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from cloudscale_autoscaler.config.types import LeaderElectionConfig
 from cloudscale_autoscaler.kube.api import KubeError, Obj
 from cloudscale_autoscaler.service.serving import Serving
+from cloudscale_autoscaler.settings.types import LeaderElectionConfig
 
 log = logging.getLogger(__name__)
 

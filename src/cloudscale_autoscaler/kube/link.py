@@ -30,7 +30,6 @@ from typing import TypeVar
 from kubernetes import client as k8s
 
 from cloudscale_autoscaler.config.kubernetes import outside_pod_error
-from cloudscale_autoscaler.config.types import Config, KubernetesConfig, LeaderElectionConfig
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import CloudUnavailable
 from cloudscale_autoscaler.kube.api import KubeApi, KubeConfigError, load_client, own_namespace
@@ -41,6 +40,7 @@ from cloudscale_autoscaler.kube.route import LeaderRoute, pod_endpoint
 from cloudscale_autoscaler.kube.watch import DriftWatch
 from cloudscale_autoscaler.observability.metrics import Metrics
 from cloudscale_autoscaler.service.serving import Serving
+from cloudscale_autoscaler.settings.types import Config, KubernetesConfig, LeaderElectionConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.kube.api import KubeApi, KubeError
 from cloudscale_autoscaler.kube.check import DriftReport, check
 from cloudscale_autoscaler.kube.drift import KINDS, GroupDrift, warning_line
 from cloudscale_autoscaler.observability.metrics import NAMESPACE
+from cloudscale_autoscaler.settings.types import Config
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cloudscale_autoscaler.config.types import Config
+from cloudscale_autoscaler.settings.types import Config
 
 RELOADABLE = ("nodeGroups", "pricing", "placeholderExpiry", "increaseSizeWait")
 

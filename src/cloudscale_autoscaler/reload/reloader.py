@@ -31,8 +31,8 @@ from pathlib import Path
 
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config, ConfigError
 from cloudscale_autoscaler.reload.fixed import fixed_changes
+from cloudscale_autoscaler.settings.types import Config, ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from typing import NoReturn, Protocol, TypeVar
 from google.protobuf import any_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.engine.errors import (
     CloudUnavailable,
@@ -31,6 +30,7 @@ from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 from cloudscale_autoscaler.service import pricing
 from cloudscale_autoscaler.service.codes import StatusCode
 from cloudscale_autoscaler.service.seen import CallsSeen
+from cloudscale_autoscaler.settings.types import Config
 
 SERVICE_NAME = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 

@@ -43,7 +43,7 @@ from cloudscale_autoscaler.template.quantity import (
 if TYPE_CHECKING:
     # Annotations only: at run time template/ needs nothing of the config package, which
     # imports template/ to check labels and quantities.
-    from cloudscale_autoscaler.config.types import KubeletConfig
+    from cloudscale_autoscaler.settings.types import KubeletConfig
 
 CPU = "cpu"
 MEMORY = "memory"

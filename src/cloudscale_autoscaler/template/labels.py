@@ -30,7 +30,7 @@ from cloudscale_autoscaler.cloud.models import Flavor
 if TYPE_CHECKING:
     # Annotations only: at run time template/ needs nothing of the config package, which
     # imports template/ to check labels and quantities.
-    from cloudscale_autoscaler.config.types import NodeGroupConfig
+    from cloudscale_autoscaler.settings.types import NodeGroupConfig
 
 LABEL_OS = "kubernetes.io/os"
 LABEL_ARCH = "kubernetes.io/arch"

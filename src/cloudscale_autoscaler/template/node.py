@@ -42,7 +42,7 @@ from cloudscale_autoscaler.template.labels import (
 if TYPE_CHECKING:
     # Annotations only: at run time template/ needs nothing of the config package, which
     # imports template/ to check labels and quantities.
-    from cloudscale_autoscaler.config.types import NodeGroupConfig
+    from cloudscale_autoscaler.settings.types import NodeGroupConfig
 
 ANNOTATION_CLUSTER = "autoscaler.cloudscale.ch/cluster"
 ANNOTATION_GROUP = "autoscaler.cloudscale.ch/node-group"

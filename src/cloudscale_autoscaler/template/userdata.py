@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     # Annotations only: the config package imports this module to check user data.
-    from cloudscale_autoscaler.config.types import Taint
+    from cloudscale_autoscaler.settings.types import Taint
 
 PLACEHOLDERS = frozenset({"node_labels", "node_taints", "server_name", "group", "cluster"})
 

@@ -52,9 +52,9 @@ from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2
 
 from cloudscale_autoscaler import _transport
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.observability.metrics import RPC_BUCKETS, RpcReading
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.transport.calls import CODE_NAMES, Calls
 from cloudscale_autoscaler.transport.clients import AllowedClients
 from cloudscale_autoscaler.transport.handshakes import RefusedHandshakes

@@ -96,16 +96,20 @@ async def check_after_refresh(schedule: Schedule) -> bool:
 
 
 async def check_target(schedule: Schedule, replica: Any, name: str) -> None:
-    """target = servers shown (less those going) + creates not answered yet + placeholders."""
+    """target = servers shown (less those going) + creates not answered yet + placeholders.
+    The calls take virtual time, in which creates are answered and deletions go on: the check
+    holds only when the group's work read before the calls equals the work read after them."""
     state = replica.engine._inventory.groups.get(name)  # white-box: work the wire cannot show
     if state is None:
         return
-    unanswered = sum(1 for c in state.pending_creations() if c.uuid is None)
-    deleting = {u for u in state.deleting if u in state.servers and not state.deletion_requested(u)}
+    before = _work(state)
     size = await replica.call("NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id=name), 5.0)
     nodes = await replica.call("NodeGroupNodes", pb.NodeGroupNodesRequest(id=name), 5.0)
     if not (size.ok and nodes.ok):
         return  # it stopped serving meanwhile
+    if replica.engine._inventory.groups.get(name) is not state or _work(state) != before:
+        return  # it moved meanwhile
+    unanswered, deleting = before
     instances = list(nodes.reply.instances)
     placeholders = [i for i in instances if i.id.startswith(PLACEHOLDER)]
     going = pb.InstanceStatus.instanceDeleting
@@ -120,3 +124,10 @@ async def check_target(schedule: Schedule, replica: Any, name: str) -> None:
         f"{replica.name}: group {name}: target {target} != {len(live)} servers + {unanswered} "
         f"creates not answered + {len(placeholders)} placeholders"
     )
+
+
+def _work(state: Any) -> tuple[int, frozenset[str]]:
+    """The group's creates not answered yet and the servers it is deleting, still counted."""
+    unanswered = sum(1 for c in state.pending_creations() if c.uuid is None)
+    deleting = {u for u in state.deleting if u in state.servers and not state.deletion_requested(u)}
+    return unanswered, frozenset(deleting)

@@ -21,12 +21,12 @@ from campaign.seams.kubedouble import KubeView
 from campaign.seams.relay import Relay
 from cloudscale_autoscaler.app import Provider, build_provider, reload_apply, servicer_of
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config
 from cloudscale_autoscaler.engine.catalogue_check import online_problems
 from cloudscale_autoscaler.engine.engine import Engine
 from cloudscale_autoscaler.kube.link import ClusterLink
 from cloudscale_autoscaler.observability.metrics import Metrics
 from cloudscale_autoscaler.reload.reloader import ConfigFile, Reloader
+from cloudscale_autoscaler.settings.types import Config
 from cloudscale_autoscaler.transport.calls import CallContext, RpcError
 
 NAMESPACE = "kube-system"

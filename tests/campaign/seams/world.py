@@ -22,8 +22,8 @@ from campaign.seams.kubedouble import KubeDouble
 from campaign.seams.relay import Relay
 from campaign.seams.replica import NAMESPACE, Answer, Replica, start_replica
 from cloudscale_autoscaler.cloud.emulator.server import Emulator
-from cloudscale_autoscaler.config.types import ConfigError
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import ConfigError
 
 CLUSTER = "seams"
 TOKEN = "seams-token"

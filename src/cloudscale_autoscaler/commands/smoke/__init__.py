@@ -32,8 +32,8 @@ from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.commands.smoke.plan import Plan, StepFailed, make_plan, show_plan
 from cloudscale_autoscaler.commands.smoke.steps import Smoke
 from cloudscale_autoscaler.config.loader import load_config
-from cloudscale_autoscaler.config.types import Config, ConfigError, NodeGroupConfig
 from cloudscale_autoscaler.observability.logs import to_stderr
+from cloudscale_autoscaler.settings.types import Config, ConfigError, NodeGroupConfig
 
 log = logging.getLogger(__name__)
 

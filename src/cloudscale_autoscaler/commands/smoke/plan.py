@@ -10,7 +10,6 @@ from decimal import Decimal
 from cloudscale_autoscaler.cloud.errors import CloudError
 from cloudscale_autoscaler.cloud.models import ServerSpec
 from cloudscale_autoscaler.cloud.protocol import Cloud
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine import names, spec
 from cloudscale_autoscaler.engine.catalog import Catalog
 from cloudscale_autoscaler.engine.catalogue_check import online_problems
@@ -18,6 +17,7 @@ from cloudscale_autoscaler.engine.errors import EngineError
 from cloudscale_autoscaler.engine.networks import NetworkResolver
 from cloudscale_autoscaler.engine.placement import Placement, managed_tags
 from cloudscale_autoscaler.engine.pricing import hourly_price
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.template.userdata import UserDataError
 
 # On the server and the server group smoke makes (value: when): the one tag IncreaseSize does

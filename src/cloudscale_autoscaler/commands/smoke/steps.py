@@ -27,7 +27,6 @@ from cloudscale_autoscaler.commands.smoke.plan import (
     Timeline,
     cost_text,
 )
-from cloudscale_autoscaler.config.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.engine import names
 from cloudscale_autoscaler.engine.background import Background
 from cloudscale_autoscaler.engine.errors import EngineError
@@ -37,6 +36,7 @@ from cloudscale_autoscaler.engine.placement import managed_by
 from cloudscale_autoscaler.engine.providerid import format_provider_id
 from cloudscale_autoscaler.journal.writer import unfenced
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
+from cloudscale_autoscaler.settings.types import Config, NodeGroupConfig
 from cloudscale_autoscaler.template.labels import (
     LABEL_INSTANCE_TYPE,
     LABEL_REGION,

@@ -1,5 +1,7 @@
 """The status view: one snapshot of what this replica knows, the one source of `GET /status`
-and of the `status` command's table.
+and of the `status` command's table. It sits at the package root beside `app.py` because it
+is assembly too: it composes the engine, the service, reload and the metrics, so it must stand
+above all of them (the endpoint in observability/ serves it through a callable).
 
 Everything in it is read from state the provider keeps anyway (the engine's groups and last
 Refresh, the service's calls seen, the serving gate, the served certificate, the transport's

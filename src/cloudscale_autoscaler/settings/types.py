@@ -1,7 +1,8 @@
 """The validated configuration: typed, immutable, and the only shape the rest of the code sees.
 
-`load_config` (config.loader) turns YAML into these dataclasses or raises ConfigError with
-every problem found, each as `<path>: <reason>`.
+`load_config` (config.loader, a room above) turns YAML into these dataclasses or raises
+ConfigError with every problem found, each as `<path>: <reason>`. Nothing here checks a value:
+the checks live with the reading, in config/.
 """
 
 from __future__ import annotations

@@ -167,6 +167,12 @@ class Engine:
                 "initial inventory load failed, retrying on Refresh: %s", str(error) or "timed out"
             )
 
+    def refuse_creations(self) -> None:
+        """From now on IncreaseSize is refused: the process is stopping. Called the moment
+        the signal arrives, before the server stops listening, since a call already taken
+        in may run first."""
+        self._background.closing = True
+
     async def aclose(self, grace_seconds: float = 10.0) -> None:
         """Stop: drop creations never sent, give requests already out `grace_seconds` to
         finish (their servers carry our tags, so a restart finds them either way)."""

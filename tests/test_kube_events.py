@@ -125,8 +125,13 @@ Serve = Callable[..., Awaitable[ServeProcess]]
 
 
 @pytest.fixture
-async def serve(tmp_path: Path, pki: PKI, emulator: RunningEmulator) -> AsyncIterator[Serve]:
-    """`await serve(kubeconfig, env, election=None)`: a `serve` process; killed at the end."""
+async def serve(
+    tmp_path: Path, pki: PKI, emulator: RunningEmulator, fresh_election: None
+) -> AsyncIterator[Serve]:
+    """`await serve(kubeconfig, env, election=None)`: a `serve` process; killed at the end.
+    With or without leader election its journal is the namespace's ConfigMap, shared with
+    every test of this worker's apiserver: emptied before and after (a record another
+    cluster's test left made IncreaseSize refuse: a foreign journal)."""
     started: list[ServeProcess] = []
 
     async def start(

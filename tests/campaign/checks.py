@@ -17,6 +17,7 @@ from fixtures.stack import Stack, wait_until
 
 from campaign.world import call
 from cloudscale_autoscaler.cloud.models import TAG_CLUSTER, TAG_GROUP, TAG_REQUEST
+from cloudscale_autoscaler.engine.inventory import ADOPTED_BOUND_FACTOR
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
 DELETING = pb.InstanceStatus.instanceDeleting
@@ -203,8 +204,12 @@ async def check_step(stack: Stack, ledger: Ledger) -> None:
 async def check_converged(stack: Stack, ledger: Ledger, limit: float = 45.0) -> None:
     """With the faults off: after the creations in flight finish and a Refresh, every group's
     target equals the servers the cloud holds for it plus its placeholders, the instances are
-    exactly those servers, and no creation is left in flight."""
+    exactly those servers, and no creation is left in flight. A create adopted from the
+    journal that was never sent stays in flight for the adoption bound (by design: nothing
+    tells it from one the API is still carrying out), so the wait lasts at least that long."""
     admin = stack.admin
+    bound = ADOPTED_BOUND_FACTOR * stack.config.cloudscale.timeout_seconds
+    limit = max(limit, bound + 15.0)
     await admin.clear_faults()
 
     async def lingering_gone() -> bool:

@@ -604,9 +604,12 @@ def test_helm_install_waits_for_two_ready_replicas(
     leader = lease_holder(real_node.kube, SYSTEM, FULLNAME)
     answers = {pod.metadata.name: readyz(pod) for pod in pods}
     assert answers.pop(leader) == "ready: leader", answers
-    [standby_answer] = answers.values()
+    [standby] = (pod for pod in pods if pod.metadata.name != leader)
+    standby_answer = answers[standby.metadata.name]
     assert standby_answer.startswith("ready: this replica is a standby"), standby_answer
-    assert leader in standby_answer
+    # The standby names the leader once it has read the Lease since the leader took it (its
+    # next try, a retryPeriod later); until then it says that no leader is known yet.
+    wait_for(lambda: leader in readyz(standby), 10, f"the standby naming {leader}")
     wait_for(lambda: slice_pods(real_node.kube, SYSTEM, FULLNAME) == [leader], 30,
              "the EndpointSlice listing the leader alone")  # fmt: skip
     # kube-proxy programs the endpoint a moment after the leader wrote it.

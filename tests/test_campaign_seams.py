@@ -120,3 +120,41 @@ def test_a_slow_create_cut_off_is_not_sent_again(
             m.consistent()
     finally:
         m.teardown()
+
+
+def test_a_hold_outlives_the_holder_that_began_it(
+    vloop: VirtualLoop, emulator: Emulator, tmp_path: Path
+) -> None:
+    """Long run #3: the journal is overwritten with garbage while creates (2 to 3 s each)
+    are in flight, and the leader is killed mid scale-up, again and again. The replica that
+    claimed the garbage held scale-ups, wrote a whole record and died during its hold; the
+    next one read that record, which lacked the dead leader's creates, and held nothing: 6
+    servers for maxSize 4. The hold is now written into the record until it ends."""
+    emulator.state.reset()
+    m = SeamsMachine(lambda: Schedule(vloop, emulator, tmp_path / "schedule"))
+    steps: list[Callable[[], None]] = [
+        lambda: m.start_with_faults({"latency": {"create_server": {"fixed_ms": 2000}}}, 6),
+        lambda: m.cloud_link(cut=False, role="leader"),
+        lambda: m.scale_up(delta=1, index=0, pause=0.0),
+        lambda: m.damage_journal(damage="garbage"),
+        lambda: m.damage_journal(damage="garbage"),
+        lambda: m.damage_journal(damage="garbage"),
+        lambda: m.kill(delay=0.0, iterations=0, mid_scale_up=True, role="leader"),
+        lambda: m.crash_and_restart(delay=0.0, iterations=0, mid_scale_up=True, role="leader"),
+        lambda: m.cloud_faults(faults={"latency": {"create_server": {"fixed_ms": 3000}}}),
+        lambda: m.refresh(pause=10.0),
+        lambda: m.damage_journal(damage="garbage"),
+        lambda: m.damage_journal(damage="garbage"),
+        lambda: m.crash_and_restart(delay=0.0, iterations=0, mid_scale_up=True, role="leader"),
+        lambda: m.refresh(pause=0.0),
+        lambda: m.crash_and_restart(delay=0.0, iterations=0, mid_scale_up=True, role="leader"),
+        lambda: m.wait(duration=0.05),
+        lambda: m.cloud_faults(faults={"latency": {"create_server": {"fixed_ms": 3000}}}),
+        lambda: m.scale_up(delta=1, index=0, pause=10.0),
+    ]
+    try:
+        for step in steps:
+            step()
+            m.consistent()
+    finally:
+        m.teardown()

@@ -321,3 +321,32 @@ async def test_the_writer_stops_when_cancelled_as_a_batch_wakes_it() -> None:
     await asyncio.wait_for(asyncio.gather(writer, return_exceptions=True), 5.0)
     assert writer.cancelled()
     batch.cancel()
+
+
+@pytest.mark.parametrize(
+    ("doubt", "read"),
+    [("not JSON (...)", "not JSON (...)"), ("", "''"), (7, "7"), (None, None)],
+    ids=["text", "empty", "number", "absent"],
+)
+def test_a_holders_doubt_is_read_whatever_it_wrote(doubt: object, read: str | None) -> None:
+    text = record() if doubt is None else record(doubt=doubt)
+    decoded = decode(text, CLUSTER)
+    assert (decoded.doubt, decoded.entries, decoded.problems) == (read, [ONE], [])
+
+
+async def test_a_doubt_is_passed_on_until_the_hold_ends(tmp_path: Path) -> None:
+    """A claim of garbage doubts; its record says so from the claim on, so a successor that
+    finds a whole record still doubts (and holds scale-ups); once the hold ends (doubt
+    cleared) the record stops saying so, and the next claim doubts nothing."""
+    (tmp_path / FILE_NAME).write_text("garbage")
+    first = Journal(FileStore(tmp_path), CLUSTER, "pid 1", lambda: [ONE])
+    doubt = (await first.claim()).doubt
+    assert doubt is not None and "not JSON" in doubt
+    assert decode((tmp_path / FILE_NAME).read_text(), CLUSTER).doubt == doubt
+    second = Journal(FileStore(tmp_path), CLUSTER, "pid 2", list)
+    passed_on = await second.claim()  # the first died during its hold
+    assert (passed_on.entries, passed_on.doubt) == ([ONE], doubt)
+    second.doubt = None  # the inventory's hold ended
+    await second.persist()
+    third = Journal(FileStore(tmp_path), CLUSTER, "pid 3", list)
+    assert (await third.claim()).doubt is None

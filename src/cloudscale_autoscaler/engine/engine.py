@@ -238,6 +238,7 @@ class Engine:
         for group in self._inventory.groups.values():
             self._inventory.expire(group)
         self._inventory.expire_retired()
+        self._inventory.expire_hold()
 
     # --- reads ----------------------------------------------------------------------------
 

@@ -317,6 +317,16 @@ class Inventory:
             self.adopted_bound,
         )
 
+    def expire_hold(self) -> None:
+        """A hold whose end has passed is over, and the journal's record stops passing its
+        doubt on (every Refresh asks, so a record does not keep it for want of a scale-up)."""
+        if self._held is None or self._held[0] > self._clock():
+            return
+        self._held = None
+        if self.journal is not None:
+            self.journal.doubt = None
+            self.journal.touch()
+
     def held(self) -> str | None:
         """Why scale-ups are held now (a journal that could not be read), or None."""
         if self._held is None:
@@ -324,7 +334,7 @@ class Inventory:
         until, doubt = self._held
         remaining = until - self._clock()
         if remaining <= 0:
-            self._held = None
+            self.expire_hold()
             return None
         return (
             f"the creation journal could not be read whole ({doubt}): creates an earlier "

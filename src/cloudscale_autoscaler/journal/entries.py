@@ -13,6 +13,12 @@ for a node group with antiAffinity, is the uuid of the managed server group the 
 the next holder counts it there, so it never places a fifth member into a full group. It is
 recorded before the create is sent (a create into a server group still being made waits for a
 second write naming it); older records lack it, and readers before it ignore it.
+
+`doubt`, while set, says why its holder holds scale-ups: it claimed a record it could not read
+whole, so creates a dead holder sent are unknown. The holder clears it once its hold ends; a
+holder that dies first leaves it, and the next one holds scale-ups too (from its own claim: the
+hold must outlive every create the lost record may have held, and the dead holder's hold ended
+with it).
 """
 
 from __future__ import annotations
@@ -47,15 +53,19 @@ class Decoded:
     holder: str = ""
     entries: list[Entry] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    doubt: str | None = None  # the holder's, still open
 
 
 def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def encode(cluster: str, holder: str, entries: list[Entry]) -> str:
+def encode(cluster: str, holder: str, entries: list[Entry], doubt: str | None = None) -> str:
     creations = [_written(entry) for entry in entries]
-    body = {"format": FORMAT, "cluster": cluster, "holder": holder, "creations": creations}
+    body: dict[str, Any] = {"format": FORMAT, "cluster": cluster, "holder": holder}
+    if doubt is not None:
+        body["doubt"] = doubt
+    body["creations"] = creations
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -75,8 +85,10 @@ def decode(text: str, cluster: str) -> Decoded:
     if body.get("cluster") != cluster:
         written = _SHOWN.repr(body.get("cluster"))
         return Decoded(problems=[f"written for cluster {written}, not {cluster!r}: foreign"])
-    holder = body.get("holder")
+    holder, doubt = body.get("holder"), body.get("doubt")
     decoded = Decoded(holder=holder if isinstance(holder, str) else "")
+    if doubt is not None:  # any value: a holder doubted, whatever it wrote
+        decoded.doubt = doubt if isinstance(doubt, str) and doubt else _SHOWN.repr(doubt)
     creations = body.get("creations")
     if not isinstance(creations, list):
         decoded.problems.append("`creations` is not a list")

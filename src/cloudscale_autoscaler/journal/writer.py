@@ -6,7 +6,9 @@
   Lease and wakes up late cannot record (hence cannot send) creates behind the new leader. A
   record that could not be read whole (or a ConfigMap found deleted) may have held creates
   still being carried out: the claim says so (`Claim.doubt`), and the inventory holds
-  scale-ups for the adoption bound.
+  scale-ups for the adoption bound. The doubt is written into the record (`doubt`) from the
+  claim on, until the inventory's hold ends, so a holder that dies during its hold passes it
+  on: its successor reads a whole record, but one without the creates the lost record held.
 - `persist()` writes the current snapshot (the engine's creates not yet confirmed) and returns
   once a write that began after the call succeeded, or at once when our last write already
   holds that snapshot: a batch of creates is sent only after it. Concurrent callers share
@@ -83,6 +85,8 @@ class Journal:
         # Set by persist(): a batch waits to be sent, so a touch's debounce ends at once.
         self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Why scale-ups are held, written into every record while set (entries.py, `doubt`).
+        self.doubt: str | None = None
 
     @property
     def where(self) -> str:
@@ -96,10 +100,12 @@ class Journal:
         for _ in range(CLAIM_ATTEMPTS):
             stored = await self._store.read()
             left, doubt = self._readable(stored)
+            if doubt is not None:
+                self.doubt = doubt
             mine = self._snapshot()
             known = {entry.request for entry in mine}
             kept = mine + [entry for entry in left if entry.request not in known]
-            text = encode(self._cluster, self.holder, kept)
+            text = encode(self._cluster, self.holder, kept, self.doubt)
             self._check_fence()
             try:
                 self._version = await self._store.write(text, stored.version)
@@ -135,7 +141,16 @@ class Journal:
                 self.where,
                 problem,
             )
-        return decoded.entries, "; ".join(decoded.problems) or None
+        if decoded.doubt is not None:  # passed on as it is, however many holders it outlives
+            log.error(
+                "creation journal %s: its holder was holding scale-ups and did not live to "
+                "end it (%s); creates a holder before it sent are not known, so no scale-up "
+                "is made until they would have been listed",
+                self.where,
+                decoded.doubt,
+            )
+        problems = [*decoded.problems, *([] if decoded.doubt is None else [decoded.doubt])]
+        return decoded.entries, "; ".join(problems) or None
 
     # --- writing --------------------------------------------------------------------------
 
@@ -202,7 +217,7 @@ class Journal:
             if self._waiters:
                 raise JournalError(f"{self.where} is not claimed by this replica (not leading)")
             return  # a touch after the record was lost: nothing of ours to write
-        text = encode(self._cluster, self.holder, self._snapshot())
+        text = encode(self._cluster, self.holder, self._snapshot(), self.doubt)
         if text == self._text:
             return
         self._check_fence()

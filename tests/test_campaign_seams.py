@@ -160,15 +160,15 @@ def test_a_hold_outlives_the_holder_that_began_it(
         m.teardown()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: long run #4")
-def test_a_deep_damage_after_a_cut_off_leaders_slow_creates(
+def test_a_hold_ends_with_a_listing_begun_after_it(
     vloop: VirtualLoop, emulator: Emulator, tmp_path: Path
 ) -> None:
     """Long run #4 (after the hold fix), at schedule 1,406: creates slower (8 s) than the
-    client's timeout (5 s), the journal overwritten with garbage twice, the leader cut off
-    from the Kubernetes API and restarted mid scale-up, the record then damaged past reading
-    (too deep), and scale-ups: the group ends with 5 servers for maxSize 4. Kept as the
-    failing replay until the cause is found and fixed (strict: a pass fails the run)."""
+    client's timeout (5 s), the journal overwritten with garbage, the leader cut off from the
+    Kubernetes API and restarted mid scale-up, so its successor holds scale-ups. The hold
+    ended by the clock, and the IncreaseSize after it counted the servers of a listing begun
+    before the dead leader's last create was carried out: 5 servers for maxSize 4. A hold
+    now ends only with a listing begun after its end."""
     emulator.state.reset()
     m = SeamsMachine(lambda: Schedule(vloop, emulator, tmp_path / "schedule"))
     steps: list[Callable[[], None]] = [

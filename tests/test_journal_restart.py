@@ -271,8 +271,9 @@ async def test_a_bad_journal_is_a_clear_log_line_not_a_crash(
         assert held.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "the creation journal could not be read whole" in (held.value.details() or "")
 
-        async def scales_up() -> bool:
+        async def scales_up() -> bool:  # CA's loop: a Refresh, then the scale-up
             try:
+                await ca.target()
                 await ca.increase(1)
             except grpc.aio.AioRpcError as error:
                 assert error.code() == grpc.StatusCode.UNAVAILABLE, error

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -112,6 +113,7 @@ class Inventory:
         self._list_server_groups_next = tidy
         self._tidy = tidy
         self._applied_start = 0  # start tick of the listing the inventory comes from
+        self._applied_at = -math.inf  # and when it began, by self._clock
         self._stale = False  # set by forget until the next listing applies
         self._by_provider_id: dict[str, pb.NodeGroupForNodeResponse] = {}
         self._ignored_groups: set[str] = set()
@@ -158,7 +160,9 @@ class Inventory:
         if self.journal is not None and not self.journal.claimed:
             await self._claim(why)
         started = time.monotonic()
-        listing = asyncio.get_running_loop().create_task(self._list(why, self.tick()))
+        listing = asyncio.get_running_loop().create_task(
+            self._list(why, self.tick(), self._clock())
+        )
         self._background.track(listing)
         try:
             await asyncio.shield(listing)
@@ -183,7 +187,7 @@ class Inventory:
         if not listing.cancelled() and listing.exception() is None:
             self._background.on_change()
 
-    async def _list(self, why: str, start: int) -> None:
+    async def _list(self, why: str, start: int, started_at: float) -> None:
         try:
             # Server groups after servers, never beside: a listing of groups older than the
             # servers' could show a group empty that a server just listed has joined, and
@@ -199,7 +203,10 @@ class Inventory:
                 f"failed: {error}"
             ) from error
         self.api_down = None
-        if self._apply_listing(servers, start) and server_groups is not None:
+        if not self._apply_listing(servers, start):
+            return
+        self._applied_at = started_at
+        if server_groups is not None:
             self._apply_server_groups(server_groups, start)
 
     async def _list_server_groups(self) -> list[ServerGroup] | None:
@@ -318,9 +325,11 @@ class Inventory:
         )
 
     def expire_hold(self) -> None:
-        """A hold whose end has passed is over, and the journal's record stops passing its
-        doubt on (every Refresh asks, so a record does not keep it for want of a scale-up)."""
-        if self._held is None or self._held[0] > self._clock():
+        """A hold is over once its end has passed and the inventory comes from a listing
+        begun since (one begun before would not show the servers the held creates made);
+        the journal's record then stops passing its doubt on. Every Refresh asks, so a
+        record does not keep it for want of a scale-up."""
+        if self._held is None or self._held[0] > min(self._clock(), self._applied_at):
             return
         self._held = None
         if self.journal is not None:
@@ -333,13 +342,18 @@ class Inventory:
             return None
         until, doubt = self._held
         remaining = until - self._clock()
-        if remaining <= 0:
-            self.expire_hold()
-            return None
-        return (
-            f"the creation journal could not be read whole ({doubt}): creates an earlier "
-            f"process sent may still be carried out; no scale-up for {remaining:.0f}s more"
-        )
+        why = f"the creation journal could not be read whole ({doubt})"
+        if remaining > 0:
+            return (
+                f"{why}: creates an earlier process sent may still be carried out; no "
+                f"scale-up for {remaining:.0f}s more"
+            )
+        if self._applied_at < until:
+            # The servers those creates made exist by now, but the inventory comes from a
+            # listing begun before: it would not count them.
+            return f"{why}: no scale-up until a listing begun since then (the next Refresh)"
+        self.expire_hold()
+        return None
 
     @property
     def adopted_bound(self) -> float:

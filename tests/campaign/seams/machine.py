@@ -32,7 +32,7 @@ from campaign.seams.world import (
     group,
 )
 from cloudscale_autoscaler.cloud.emulator.faults import Faults, parse_faults
-from cloudscale_autoscaler.journal.entries import Entry, encode
+from cloudscale_autoscaler.journal.entries import Entry, decode, encode
 from cloudscale_autoscaler.kube.journal import KEY
 from cloudscale_autoscaler.protos import externalgrpc_pb2 as pb
 
@@ -343,8 +343,15 @@ class SeamsMachine(RuleBasedStateMachine):
             double.delete("ConfigMap", NAMESPACE, JOURNAL)
             return
         if damage == "stale-entry":  # an earlier holder's create that never happened
+            # Added to the record as it is: one edited into a whole record that lacks the
+            # creates in flight cannot be told from a true one, by any reader (the entries
+            # are the record); that is not a fault the journal can answer.
+            stored = double.get("ConfigMap", NAMESPACE, JOURNAL)
+            record = decode(((stored or {}).get("data") or {}).get(KEY) or "", CLUSTER)
+            if record.problems or not record.holder:
+                return
             entry = Entry(f"stale{next(_names):08d}", "workers", "seams-workers-stale", "then")
-            text = encode(CLUSTER, "gone-replica", [entry])
+            text = encode(CLUSTER, record.holder, [*record.entries, entry], record.doubt)
         else:
             text = {
                 "garbage": "}{ not json",

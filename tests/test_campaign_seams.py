@@ -92,6 +92,17 @@ def test_seams_campaign(
 # --- regressions: what the long runs found, replayed step by step -----------------------------
 
 
+def replay(m: SeamsMachine, steps: list[Callable[[], None]]) -> None:
+    """A failing schedule's steps, each followed by the checks the campaign runs after it,
+    then its end (liveness and convergence)."""
+    try:
+        for step in steps:
+            step()
+            m.consistent()
+    finally:
+        m.teardown()
+
+
 def test_a_slow_create_cut_off_is_not_sent_again(
     vloop: VirtualLoop, emulator: Emulator, tmp_path: Path
 ) -> None:
@@ -114,12 +125,7 @@ def test_a_slow_create_cut_off_is_not_sent_again(
         lambda: m.scale_down(count=1, failed_only=False, index=0, pause=2.0),
         lambda: m.cloud_faults(faults={"quota": {"max_servers": 3}}),
     ]
-    try:
-        for step in steps:
-            step()
-            m.consistent()
-    finally:
-        m.teardown()
+    replay(m, steps)
 
 
 def test_a_hold_outlives_the_holder_that_began_it(
@@ -152,12 +158,7 @@ def test_a_hold_outlives_the_holder_that_began_it(
         lambda: m.cloud_faults(faults={"latency": {"create_server": {"fixed_ms": 3000}}}),
         lambda: m.scale_up(delta=1, index=0, pause=10.0),
     ]
-    try:
-        for step in steps:
-            step()
-            m.consistent()
-    finally:
-        m.teardown()
+    replay(m, steps)
 
 
 def test_a_hold_ends_with_a_listing_begun_after_it(
@@ -186,9 +187,4 @@ def test_a_hold_ends_with_a_listing_begun_after_it(
         lambda: m.scale_up(delta=3, index=4, pause=10.0),
         lambda: m.cloud_heals(),
     ]
-    try:
-        for step in steps:
-            step()
-            m.consistent()
-    finally:
-        m.teardown()
+    replay(m, steps)

@@ -40,15 +40,17 @@ class LoopThread:
             raise AssertionError(f"step did not finish within {limit} s (hang)") from None
 
     def close(self) -> None:
-        async def cancel_rest() -> None:
-            current = asyncio.current_task()
-            rest = [t for t in asyncio.all_tasks() if t is not current]
-            for task in rest:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
         if self.loop.is_running():
-            self.run(cancel_rest(), 30.0)
+            self.run(cancel_others(), 30.0)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(30.0)
         self.loop.close()
+
+
+async def cancel_others() -> None:
+    """Cancel every task of the running loop but the caller's, and wait for them to end."""
+    current = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not current]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)

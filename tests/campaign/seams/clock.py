@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 
 import looptime
 
+from campaign.loop import cancel_others
+
 T = TypeVar("T")
 
 # The replica a task works for; None: the campaign's own (the emulator, the checks).
@@ -89,13 +91,6 @@ class VirtualLoop:
             raise AssertionError(f"step did not end within {limit:g} s of virtual time") from None
 
     def close(self) -> None:
-        async def cancel_rest() -> None:
-            current = asyncio.current_task()
-            rest = [t for t in asyncio.all_tasks() if t is not current]
-            for task in rest:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        self.loop.run_until_complete(cancel_rest())
+        self.loop.run_until_complete(cancel_others())
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 API_VERSION = "coordination.k8s.io/v1"
 # client-go's JitterFactor bound: a retry waits retryPeriod plus up to this share of it.
 JITTER = 0.2
+# No renewal is tried with less time left than this: no API server answers that fast, and on a
+# clock of whole ticks (a virtual one) a remainder below one tick would be retried for ever
+# without the clock ever moving.
+MIN_ATTEMPT_SECONDS = 0.001
 
 
 class LeaseApi(Protocol):
@@ -171,7 +175,7 @@ class Elector:
         retry = self._settings.retry_period_seconds
         await asyncio.sleep(retry)
         deadline = self._deadline()
-        while (remaining := deadline - self._clock()) > 0:
+        while (remaining := deadline - self._clock()) >= MIN_ATTEMPT_SECONDS:
             try:  # asyncio.timeout: 3.11's wait_for can swallow the cancel of a shutdown
                 async with asyncio.timeout(remaining):
                     won = await self._attempt(remaining)

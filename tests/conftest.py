@@ -17,6 +17,7 @@ pytest_plugins = [
     "fixtures.image",
     "fixtures.node",
     "fixtures.registry",
+    "fixtures.virtual_time",
 ]
 
 

@@ -38,15 +38,6 @@ def seams_settings() -> settings:
 
 
 @pytest.fixture
-def vloop() -> Iterator[VirtualLoop]:
-    loop = VirtualLoop()
-    try:
-        yield loop
-    finally:
-        loop.close()
-
-
-@pytest.fixture
 def emulator(vloop: VirtualLoop) -> Iterator[Emulator]:
     emu = Emulator(token=TOKEN, seed=0, boot_seconds=0.0)
 

@@ -7,7 +7,6 @@ the Elector runs as `serve` runs it, on the loop's own clock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from campaign.seams.clock import VirtualLoop
@@ -20,15 +19,6 @@ from cloudscale_autoscaler.settings.types import LeaderElectionConfig
 # Acquired here, the default renewDeadline (10 s) added in floating point gives
 # 1028.5891350000002, one ulp past the tick 1028.589135 the loop reaches by sleeping.
 ACQUIRED_AT = 1018.589135
-
-
-@pytest.fixture
-def vloop() -> Iterator[VirtualLoop]:
-    loop = VirtualLoop()
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 async def nothing() -> None:
